@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
+#   bash bench/gpu_host.sh [check|export|test|bench|all]     (writes logs and JSON under $OUT)
+# The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
+# come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT" /tmp/models
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+what=${1:-all}
+THRESH=${THRESH:-0.05}
+
+check() {
+  nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+  python3 - <<'EOF' 2>&1 | tee -a "$OUT/gpu.txt"
+import onnxruntime as ort, cupy, av, zmq, nvidia.dali as dali, torch, torchvision, sys
+print("python", sys.version.split()[0], "ort", ort.__version__, ort.get_available_providers())
+print("dali", dali.__version__, "cupy", cupy.__version__, "av", av.__version__, "zmq", zmq.__version__)
+print("torch", torch.__version__, "torchvision", torchvision.__version__)
+from stream.infer import cuda_unavailable_reason; print("cuda path:", cuda_unavailable_reason() or "usable")
+EOF
+}
+
+export_models() {
+  # The full model at 800x800: batch 1 for the naive loop, batch 8 (fp32 and fp16) for the pipeline.
+  for spec in "1 fp32" "8 fp32" "8 fp16"; do
+    set -- $spec
+    f=/tmp/models/r50_b$1_$2.onnx
+    [ -f "$f" ] && continue
+    extra=""; [ "$2" = fp16 ] && extra="--fp16"
+    /usr/bin/time -f "export b$1 $2: %e s" python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
+      --weights random --input-size 800 800 --batch "$1" $extra --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
+  done
+  ls -la /tmp/models
+}
+
+run_tests() {
+  python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+}
+
+run_bench() {
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
+  python3 bench/throughput.py --device cuda --model /tmp/models/r50_b8_fp16.onnx --naive-model /tmp/models/r50_b1_fp32.onnx \
+    --video /tmp/hd.mp4 --naive-frames 120 --buffers 2 --json "$OUT/bench-cuda-b8-fp16-2buf.json"
+  python3 bench/throughput.py --device cuda --model /tmp/models/r50_b8_fp32.onnx --naive-model /tmp/models/r50_b1_fp32.onnx \
+    --video /tmp/hd.mp4 --naive-frames 120 --buffers 2 --json "$OUT/bench-cuda-b8-fp32-2buf.json"
+  python3 bench/throughput.py --device cuda --model /tmp/models/r50_b8_fp16.onnx --naive-model /tmp/models/r50_b1_fp32.onnx \
+    --video /tmp/hd.mp4 --naive-frames 60 --buffers 1 --json "$OUT/bench-cuda-b8-fp16-1buf.json"
+}
+
+case $what in
+  check) check ;;
+  export) export_models ;;
+  test) run_tests ;;
+  bench) run_bench ;;
+  all) check; export_models; run_tests; run_bench ;;
+esac

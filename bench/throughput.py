@@ -1,0 +1,135 @@
+"""Throughput of the stream pipeline against the naive loop a user writes, side by side in one run.
+
+    python bench/throughput.py --device cpu                       # here: shipped small model, 640x360 sample
+    python bench/throughput.py --device cuda --model b8.onnx --naive-model b1.onnx --size 1920 1080 --frames 600
+
+The naive loop: PyAV decodes each frame to RGB on the host, OpenCV resizes it, numpy scales it, and
+`session.run` takes the host array, one frame at a time (batch 1), on the same execution provider.
+Ours: `stream.pipeline` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
+after a warm-up run on a short clip so that session creation and cuDNN's algorithm search are not timed.
+Both read the same video; prints both fps and their ratio, and writes them as JSON with --json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from stream import config, pipeline  # noqa: E402
+from stream.model import default_model_path, load_info  # noqa: E402
+from stream.publish import Publisher  # noqa: E402
+from stream.sample import make_sample_video  # noqa: E402
+from stream.sources import Source  # noqa: E402
+
+
+def naive_loop(video: Path, model: Path, device: str, frames: int, warmup: int = 5) -> float:
+    import av
+    import cv2
+    import onnxruntime as ort
+
+    providers = ["CUDAExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    sess = ort.InferenceSession(str(model), providers=providers)
+    inp = sess.get_inputs()[0]
+    h, w = inp.shape[2], inp.shape[3]
+    dtype = np.float16 if "float16" in inp.type else np.float32
+    done, t0 = 0, 0.0
+    with av.open(str(video)) as c:
+        for frame in c.decode(video=0):
+            rgb = frame.to_ndarray(format="rgb24")
+            x = cv2.resize(rgb, (w, h)).astype(np.float32).transpose(2, 0, 1)[None] / 255.0
+            sess.run(None, {inp.name: x.astype(dtype)})
+            done += 1
+            if done == warmup:
+                t0 = time.perf_counter()
+            if done == warmup + frames:
+                break
+    timed = done - warmup
+    if timed <= 0:
+        raise SystemExit(f"{video} has only {done} frames; need more than the {warmup} warm-up frames")
+    return timed / (time.perf_counter() - t0)
+
+
+async def _ours(cfg: config.Config, warm: Path, video: Path) -> tuple[float, int, float]:
+    info = load_info(cfg.model or default_model_path())
+    engine = await asyncio.to_thread(pipeline.make_engine, cfg.device, info, cfg)
+    pub = Publisher("tcp://127.0.0.1:*", cfg.format, cfg.publish_hwm, 0.0)
+    await pub.start()
+    try:
+        await pipeline.Runner(cfg, [Source("warm", str(warm))], info, engine, pub).run()
+        stamps: list[float] = []
+        runner = pipeline.Runner(
+            cfg, [Source("bench", str(video))], info, engine, pub,
+            progress=lambda s, n, e: stamps.append(time.perf_counter()) if n else None,
+        )
+        t0 = time.perf_counter()
+        stats = (await runner.run())["bench"]
+        wall = time.perf_counter() - t0
+        if stats.state != "completed":
+            raise SystemExit(f"pipeline failed: {stats.error}")
+        # steady state: from the first published frame to the last (startup of the file's decoder excluded)
+        steady = (len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else float("nan")
+        return steady, stats.frames, stats.frames / wall
+    finally:
+        await pub.close()
+        engine.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", type=Path, default=None, help="model for our pipeline (default: shipped small model)")
+    ap.add_argument("--naive-model", type=Path, default=None, help="batch-1 model for the naive loop (default: --model)")
+    ap.add_argument("--video", type=Path, default=None, help="default: a generated H.264 video of --size and --frames")
+    ap.add_argument("--size", type=int, nargs=2, default=(640, 360), metavar=("W", "H"))
+    ap.add_argument("--frames", type=int, default=300, help="frames of the generated video")
+    ap.add_argument("--naive-frames", type=int, default=150, help="frames the naive loop times")
+    ap.add_argument("--buffers", type=int, default=2)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+
+    tmp = Path(tempfile.mkdtemp(prefix="stream-bench-"))
+    fps = 30
+    video = a.video or make_sample_video(tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=a.frames / fps)
+    warm = make_sample_video(tmp / "warm.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=1.0)
+    model = a.model or default_model_path()
+    naive_model = a.naive_model or model
+    cfg = config.load(None, {"device": a.device, "model": str(model), "buffers": a.buffers, "progress": "off"})
+
+    naive = naive_loop(video, naive_model, a.device, a.naive_frames)
+    steady, frames, overall = asyncio.run(_ours(cfg, warm, video))
+    info = load_info(model)
+    row = {
+        "device": a.device,
+        "machine": platform.node(),
+        "date": time.strftime("%Y-%m-%d"),
+        "video": f"{video.name}",
+        "model": f"{model.name} ({info.architecture}, {info.width}x{info.height}, batch {info.batch}, {info.dtype})",
+        "naive_model": naive_model.name,
+        "buffers": a.buffers,
+        "naive_fps": round(naive, 1),
+        "ours_fps": round(steady, 1),
+        "ours_fps_with_startup": round(overall, 1),
+        "frames": frames,
+        "ratio": round(steady / naive, 2),
+        "cpus": os.cpu_count(),
+    }
+    print(f"naive loop : {naive:8.1f} fps  ({naive_model.name}, batch 1, {a.device})")
+    print(f"stream     : {steady:8.1f} fps  ({row['model']}, {a.buffers} buffer(s); {overall:.1f} fps with start-up)")
+    print(f"ratio      : {row['ratio']:8.2f}x")
+    if a.json:
+        a.json.write_text(json.dumps(row, indent=1))
+
+
+if __name__ == "__main__":
+    main()

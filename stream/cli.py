@@ -1,0 +1,193 @@
+"""The `stream` console script: run, subscribe, export-model, sample.
+
+Exit codes: 0 every stream completed; 1 a stream failed (the others ran to their end); 2 the run could not
+start (bad config, model, device or endpoint); 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .errors import StreamError
+
+log = logging.getLogger("stream")
+
+
+def _run_loop(coro: Any) -> Any:
+    try:
+        import uvloop
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            return runner.run(coro)
+    except ImportError:  # uvloop is not available on Windows
+        return asyncio.run(coro)
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+# -- run ------------------------------------------------------------------------------------------------------
+def _add_run(sub: Any) -> None:
+    p = sub.add_parser("run", help="run the detection pipeline over the sources and publish on ZeroMQ")
+    p.add_argument("--config", metavar="FILE", help="TOML config (see configs/); flags override its keys")
+    p.add_argument("--source", action="append", metavar="[ID=]PATH",
+                   help="video file, glob, folder or URL; repeatable; stream id = file stem unless ID= is given")
+    p.add_argument("--model", metavar="PATH", help="ONNX model (default: the small random-weight model shipped)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto: CUDA when usable, else CPU")
+    p.add_argument("--device-id", type=int, help="CUDA device index (default 0)")
+    p.add_argument("--publish", metavar="ENDPOINT", help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5556)")
+    p.add_argument("--format", choices=("json", "msgpack"), help="payload encoding (default json)")
+    p.add_argument("--wait-subscribers", type=int, metavar="N", help="start once N subscribers have subscribed")
+    p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 2)")
+    p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from . import config as config_mod
+    from . import pipeline
+    from .report import ProgressBars, print_summary, progress_enabled
+
+    try:
+        cfg = config_mod.load(
+            args.config,
+            {
+                "sources": args.source,
+                "model": args.model,
+                "device": args.device,
+                "device_id": args.device_id,
+                "publish": args.publish,
+                "format": args.format,
+                "wait_subscribers": args.wait_subscribers,
+                "buffers": args.buffers,
+                "progress": args.progress,
+                "log_level": args.log_level,
+            },
+        )
+    except StreamError as exc:
+        _setup_logging("info")
+        log.error("%s", exc)
+        return 2
+    _setup_logging(cfg.log_level)
+    bars = ProgressBars(progress_enabled(cfg.progress))
+    try:
+        with bars:
+            result = _run_loop(pipeline.run(cfg, progress=bars.update))
+    except StreamError as exc:
+        log.error("%s", exc)
+        return 2
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        log.error("interrupted")
+        return 130
+    print_summary(result.stats, result.device)
+    return 1 if any(s.state == "failed" for s in result.stats.values()) else 0
+
+
+# -- subscribe ------------------------------------------------------------------------------------------------
+def _add_subscribe(sub: Any) -> None:
+    p = sub.add_parser("subscribe", help="print the messages a running `stream run` publishes")
+    p.add_argument("endpoint", nargs="+", help="one or more endpoints, e.g. tcp://127.0.0.1:5556")
+    p.add_argument("--stream", action="append", metavar="ID", help="only this stream; repeatable")
+    p.add_argument("--count", type=int, metavar="N", help="stop after N messages")
+    p.add_argument("--json", action="store_true", help="one JSON object per line")
+    p.add_argument("--until-eos", action="store_true", help="stop once every stream named by --stream has ended")
+    p.add_argument("--timeout", type=float, metavar="S", help="fail if no message arrives for S seconds")
+    p.set_defaults(func=cmd_subscribe)
+
+
+def format_line(msg: dict[str, Any]) -> str:
+    kind = msg["type"]
+    if kind == "detections":
+        top = sorted(msg["detections"], key=lambda d: -d["score"])[:3]
+        best = ", ".join(f"{d.get('name', d['label'])} {d['score']:.2f}" for d in top)
+        lat_ms = (msg["published_at"] - msg["captured_at"]) * 1000
+        return (f"{msg['stream']} #{msg['frame']} {msg['width']}x{msg['height']} "
+                f"{len(msg['detections'])} detections{': ' + best if best else ''} ({lat_ms:.0f} ms)")
+    if kind == "eos":
+        return f"{msg['stream']} end of stream after {msg['frames']} frames"
+    err = f": {msg['error']}" if msg.get("error") else ""
+    return f"{msg['stream']} {msg['state']}{err}"
+
+
+def cmd_subscribe(args: argparse.Namespace) -> int:
+    from .client import iter_messages
+
+    _setup_logging("warning")
+    try:
+        for msg in iter_messages(args.endpoint, args.stream, count=args.count, until_eos=args.until_eos,
+                                 timeout_s=args.timeout):
+            line = json.dumps(msg, separators=(",", ":")) if args.json else format_line(msg)
+            print(line, flush=True)
+    except TimeoutError as exc:
+        print(f"stream subscribe: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+    return 0
+
+
+# -- export-model and sample ----------------------------------------------------------------------------------
+def _add_export(sub: Any) -> None:
+    p = sub.add_parser("export-model", help="export torchvision's RetinaNet to ONNX (needs the 'export' extra)")
+    from .export import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=cmd_export)
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import run
+
+    _setup_logging("info")
+    return run(args)
+
+
+def _add_sample(sub: Any) -> None:
+    p = sub.add_parser("sample", help="write the sample video that plain `stream run` uses")
+    p.add_argument("--output", default="sample.mp4")
+    p.add_argument("--size", nargs=2, type=int, metavar=("W", "H"), default=(640, 360))
+    p.add_argument("--seconds", type=float, default=4.0)
+    p.set_defaults(func=cmd_sample)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from .sample import make_sample_video
+
+    path = make_sample_video(args.output, width=args.size[0], height=args.size[1], seconds=args.seconds)
+    print(path)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="stream", description="Video feeds to a ZeroMQ feed of detections.")
+    parser.add_argument("--version", action="version", version=f"stream {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_run(sub)
+    _add_subscribe(sub)
+    _add_export(sub)
+    _add_sample(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""A small client for the feed: subscribe to one or more daemons and iterate over their messages.
+
+    async for msg in stream.client.subscribe("tcp://127.0.0.1:5556", streams=["cam1"]):
+        ...
+
+    for msg in stream.client.iter_messages("tcp://127.0.0.1:5556", count=100):   # blocking
+        ...
+
+Messages are decoded (JSON or msgpack, detected per message) and validated: each is a dict as described in
+`stream.messages`. `until_eos=True` ends the iteration once every subscribed stream has ended (eos or failed
+status); with no `streams`, once `expect` streams have ended.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from .messages import decode
+
+
+def _connect(ctx: zmq.Context, endpoints: str | Sequence[str], streams: Sequence[str] | None) -> zmq.Socket:
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.RCVHWM, 0)  # the subscriber keeps everything it is sent
+    sock.setsockopt(zmq.LINGER, 0)
+    for topic in streams or [""]:
+        sock.setsockopt(zmq.SUBSCRIBE, topic.encode())
+    for ep in [endpoints] if isinstance(endpoints, str) else endpoints:
+        sock.connect(ep)
+    return sock
+
+
+class _Ends:
+    """Tracks which streams have ended, for until_eos."""
+
+    def __init__(self, streams: Sequence[str] | None, expect: int | None) -> None:
+        self.wanted = set(streams or [])
+        self.expect = expect
+        self.ended: set[str] = set()
+
+    def see(self, msg: dict[str, Any]) -> bool:
+        if msg["type"] == "eos" or (msg["type"] == "status" and msg.get("state") == "failed"):
+            self.ended.add(msg["stream"])
+        if self.wanted:
+            return self.wanted <= self.ended
+        return self.expect is not None and len(self.ended) >= self.expect
+
+
+async def subscribe(
+    endpoints: str | Sequence[str],
+    streams: Sequence[str] | None = None,
+    *,
+    count: int | None = None,
+    until_eos: bool = False,
+    expect: int | None = None,
+    timeout_s: float | None = None,
+) -> AsyncIterator[dict[str, Any]]:
+    """Yield messages from the endpoints. Topics match stream ids by prefix, as ZeroMQ does.
+
+    Stops after `count` messages, after every stream ended (until_eos), or raises TimeoutError when no
+    message arrives for timeout_s.
+    """
+    ctx = zmq.asyncio.Context()
+    sock = _connect(ctx, endpoints, streams)
+    ends = _Ends(streams, expect)
+    seen = 0
+    try:
+        while count is None or seen < count:
+            if timeout_s is not None and not await sock.poll(int(timeout_s * 1000)):
+                raise TimeoutError(f"no message from {endpoints} for {timeout_s:g} s")
+            topic, payload = await sock.recv_multipart()
+            msg = decode(payload)
+            if streams and msg["stream"] not in streams:
+                continue  # a prefix match of another stream's topic
+            seen += 1
+            yield msg
+            if until_eos and ends.see(msg):
+                return
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def iter_messages(
+    endpoints: str | Sequence[str],
+    streams: Sequence[str] | None = None,
+    *,
+    count: int | None = None,
+    until_eos: bool = False,
+    expect: int | None = None,
+    timeout_s: float | None = None,
+) -> Iterator[dict[str, Any]]:
+    """The blocking twin of subscribe()."""
+    ctx = zmq.Context()
+    sock = _connect(ctx, endpoints, streams)
+    ends = _Ends(streams, expect)
+    seen = 0
+    deadline_ms = int(timeout_s * 1000) if timeout_s is not None else -1
+    try:
+        while count is None or seen < count:
+            if not sock.poll(deadline_ms):
+                raise TimeoutError(f"no message from {endpoints} for {timeout_s:g} s")
+            topic, payload = sock.recv_multipart()
+            msg = decode(payload)
+            if streams and msg["stream"] not in streams:
+                continue
+            seen += 1
+            yield msg
+            if until_eos and ends.see(msg):
+                return
+    finally:
+        sock.close(0)
+        ctx.term()
+

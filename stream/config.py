@@ -1,0 +1,165 @@
+"""The one frozen Config that flows through every part of a run.
+
+Built cheaply from a TOML file (`configs/*.toml`) and command-line flags; parsing is pure (no file but the
+config itself is opened, nothing is started). Unknown keys are rejected with the key and the file named.
+Flags override the file: `load(path, overrides)` applies them after the file, key by key.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+DEVICES = ("auto", "cpu", "cuda")
+FORMATS = ("json", "msgpack")
+PROGRESS = ("auto", "on", "off")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class SourceSpec:
+    """One source as the user wrote it: a stream id and a location (path, glob, folder or URL)."""
+
+    id: str | None
+    location: str
+
+
+@dataclass(frozen=True)
+class Config:
+    sources: tuple[SourceSpec, ...] = ()
+    model: str | None = None  # None: the small model shipped in the package
+    device: str = "auto"
+    device_id: int = 0
+    publish: str = "tcp://127.0.0.1:5556"
+    format: str = "json"
+    wait_subscribers: int = 0
+    wait_subscribers_timeout_s: float = 0.0  # 0: wait as long as it takes
+    buffers: int = 2
+    queue_batches: int = 2
+    publish_hwm: int = 100_000
+    linger_s: float = 10.0
+    progress: str = "auto"
+    log_level: str = "info"
+    config_path: Path | None = field(default=None, compare=False)
+
+
+# key -> (type check, allowed values or None, range (lo, hi) or None, what it is)
+_RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[float, float] | None]] = {
+    "model": (str, None, None),
+    "device": (str, DEVICES, None),
+    "device_id": (int, None, (0, 64)),
+    "publish": (str, None, None),
+    "format": (str, FORMATS, None),
+    "wait_subscribers": (int, None, (0, 10_000)),
+    "wait_subscribers_timeout_s": ((int, float), None, (0, 86_400)),
+    "buffers": (int, None, (1, 8)),
+    "queue_batches": (int, None, (1, 64)),
+    "publish_hwm": (int, None, (0, 10_000_000)),
+    "linger_s": ((int, float), None, (0, 3_600)),
+    "progress": (str, PROGRESS, None),
+    "log_level": (str, LOG_LEVELS, None),
+}
+_SOURCE_KEYS = {"id", "path"}
+
+
+def _where(origin: str, key: str) -> str:
+    return f"{key!r} in {origin}" if origin != "command line" else f"{key!r} on the command line"
+
+
+def check_value(key: str, value: Any, origin: str) -> Any:
+    """Validate one run setting; returns it normalised (ints for int keys, floats for float keys)."""
+    if key not in _RULES:
+        raise ConfigError(f"unknown key {_where(origin, key)}; known keys: sources, {', '.join(sorted(_RULES))}")
+    kind, allowed, bounds = _RULES[key]
+    if isinstance(value, bool) or not isinstance(value, kind):
+        want = "a number" if kind == (int, float) else kind.__name__  # type: ignore[union-attr]
+        raise ConfigError(f"{_where(origin, key)} must be {want}, got {value!r}")
+    if allowed is not None and value not in allowed:
+        raise ConfigError(f"{_where(origin, key)} must be one of {', '.join(allowed)}; got {value!r}")
+    if bounds is not None and not bounds[0] <= value <= bounds[1]:
+        raise ConfigError(f"{_where(origin, key)} must be between {bounds[0]} and {bounds[1]}; got {value!r}")
+    if key == "publish" and "://" not in value:
+        raise ConfigError(f"{_where(origin, key)} must be a ZeroMQ endpoint like tcp://127.0.0.1:5556; got {value!r}")
+    if kind == (int, float):
+        return float(value)
+    return value
+
+
+def parse_source(text: str) -> SourceSpec:
+    """`ID=LOCATION` or `LOCATION`. A URL's own '=' (query strings) does not count: only text before '://'."""
+    head = text.split("://", 1)[0]
+    if "=" in head:
+        sid, loc = text.split("=", 1)
+        if not sid or not loc:
+            raise ConfigError(f"source {text!r}: write ID=PATH with both parts, or just PATH")
+        return SourceSpec(sid, loc)
+    if not text:
+        raise ConfigError("source '': empty source; pass a file, glob, folder or URL")
+    return SourceSpec(None, text)
+
+
+def _sources_from_toml(items: Any, origin: str) -> list[SourceSpec]:
+    if not isinstance(items, list):
+        raise ConfigError(f"'sources' in {origin} must be a list of strings or tables with id and path")
+    out = []
+    for i, item in enumerate(items):
+        if isinstance(item, str):
+            out.append(parse_source(item))
+        elif isinstance(item, dict):
+            unknown = set(item) - _SOURCE_KEYS
+            if unknown:
+                raise ConfigError(f"unknown key {sorted(unknown)[0]!r} in sources[{i}] in {origin}; known keys: id, path")
+            if not isinstance(item.get("path"), str) or not item["path"]:
+                raise ConfigError(f"sources[{i}] in {origin} needs a 'path' string")
+            sid = item.get("id")
+            if sid is not None and (not isinstance(sid, str) or not sid):
+                raise ConfigError(f"'id' of sources[{i}] in {origin} must be a non-empty string")
+            out.append(SourceSpec(sid, item["path"]))
+        else:
+            raise ConfigError(f"sources[{i}] in {origin} must be a string or a table with id and path; got {item!r}")
+    return out
+
+
+def read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} does not exist; pass --config with an existing TOML file") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+
+
+def from_mapping(data: dict[str, Any], origin: str, base: Config | None = None) -> Config:
+    """Apply the keys of a parsed TOML document (or of flags) over base."""
+    cfg = base or Config()
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "sources":
+            changes["sources"] = tuple(_sources_from_toml(value, origin))
+        else:
+            changes[key] = check_value(key, value, origin)
+    return replace(cfg, **changes)
+
+
+def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Config from an optional TOML file, then command-line overrides (None values are ignored)."""
+    cfg = Config()
+    if path is not None:
+        p = Path(path)
+        cfg = replace(from_mapping(read_toml(p), str(p)), config_path=p)
+    flags = {k: v for k, v in (overrides or {}).items() if v is not None}
+    if "sources" in flags:
+        flags["sources"] = [s if isinstance(s, str) else s.location for s in flags["sources"]]
+    return from_mapping(flags, "command line", cfg) if flags else cfg
+
+
+def known_keys() -> list[str]:
+    return ["sources"] + sorted(_RULES)
+
+
+assert set(_RULES) | {"sources", "config_path"} == {f.name for f in fields(Config)}

@@ -1,0 +1,134 @@
+"""Decoding with PyAV (FFmpeg) on the CPU, and probing files before any decoder touches them.
+
+PyAV errors are translated here into SourceError/DecodeError naming the stream and the file, with what to do.
+A file that ends early (fewer frames than its header declares, or a decode error mid-way) yields every frame
+it could decode and then raises DecodeError, so that those frames are still published and the loss reported.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .errors import DecodeError, SourceError
+from .frames import FrameMeta
+from .sources import Source, redact
+
+log = logging.getLogger(__name__)
+
+# FFmpeg options for network inputs: socket timeouts in microseconds (rtsp: "timeout"; others: "rw_timeout")
+NET_OPTIONS = {"rtsp_transport": "tcp", "timeout": "10000000", "rw_timeout": "10000000"}
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    width: int
+    height: int
+    codec: str
+    frames_declared: int  # from the container header; 0 when unknown
+    fps: float | None
+    pix_fmt: str | None = None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+def open_container(src: Source):  # -> av.container.InputContainer
+    import av
+
+    where = f"stream {src.id}: {'url ' + redact(src.location) if src.live else 'file ' + src.location}"
+    if not src.live:
+        p = Path(src.location)
+        if not p.exists():
+            raise SourceError(f"{where} does not exist; check the path", stream=src.id)
+        if p.is_dir():
+            raise SourceError(f"{where} is a folder; name the files in it, or pass the folder without ID=", stream=src.id)
+        if p.stat().st_size == 0:
+            raise SourceError(f"{where} is empty (0 bytes); it is not a video", stream=src.id)
+    try:
+        options = NET_OPTIONS if src.live else {}
+        container = av.open(src.location, options=options, timeout=10.0 if src.live else None)
+    except av.error.FileNotFoundError as exc:
+        raise SourceError(f"{where} does not exist; check the path", stream=src.id) from exc
+    except (av.error.FFmpegError, OSError) as exc:
+        raise SourceError(
+            f"{where} cannot be opened as a video ({_first_line(exc)}); it may be truncated, corrupt or not a video",
+            stream=src.id,
+        ) from exc
+    if not container.streams.video:
+        container.close()
+        raise SourceError(f"{where} has no video stream (audio only or not a video); pass a video file", stream=src.id)
+    return container
+
+
+def probe(src: Source) -> VideoInfo:
+    """Size, codec and declared frame count of a file, without decoding a frame."""
+    with open_container(src) as c:
+        vs = c.streams.video[0]
+        ctx = vs.codec_context
+        if not ctx.width or not ctx.height:
+            raise SourceError(f"stream {src.id}: file {src.location} has a video stream of unknown size; re-encode it", stream=src.id)
+        rate = vs.average_rate or vs.guessed_rate
+        pix_fmt = ctx.pix_fmt if isinstance(ctx.pix_fmt, str) else getattr(ctx.pix_fmt, "name", None)
+        return VideoInfo(
+            ctx.width, ctx.height, ctx.name, int(vs.frames or 0), float(rate) if rate else None, pix_fmt
+        )
+
+
+def frame_times(src: Source) -> list[float | None]:
+    """Presentation times of every video packet, sorted: the pts of each decoded frame, in order (demux only)."""
+    with open_container(src) as c:
+        vs = c.streams.video[0]
+        tb = vs.time_base
+        times = []
+        try:
+            for pkt in c.demux(vs):
+                if pkt.size == 0:
+                    continue
+                times.append(float(pkt.pts * tb) if pkt.pts is not None and tb is not None else None)
+        except Exception as exc:  # demux errors surface as the decoder's own error later
+            log.debug("stream %s: demux stopped early: %s", src.id, exc)
+    if all(t is not None for t in times):
+        times.sort()  # type: ignore[arg-type]
+    return times
+
+
+def iter_rgb(src: Source, *, threads: bool = True) -> Iterator[tuple[FrameMeta, np.ndarray]]:
+    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order."""
+    import av
+
+    container = open_container(src)
+    index = 0
+    try:
+        vs = container.streams.video[0]
+        if threads:
+            vs.thread_type = "AUTO"
+        declared = 0 if src.live else int(vs.frames or 0)
+        try:
+            for frame in container.decode(vs):
+                rgb = frame.to_ndarray(format="rgb24")
+                meta = FrameMeta(index, frame.time, time.time(), frame.width, frame.height)
+                index += 1
+                yield meta, rgb
+        except av.error.FFmpegError as exc:
+            raise DecodeError(
+                f"stream {src.id}: decoding {redact(src.location)} failed after {index} frames ({_first_line(exc)}); "
+                f"the file is corrupt or truncated: re-encode or re-copy it",
+                stream=src.id,
+            ) from exc
+        if declared and index < declared:
+            raise DecodeError(
+                f"stream {src.id}: file {src.location} ended after {index} of the {declared} frames its header "
+                f"declares; it is truncated: re-copy or re-encode it",
+                stream=src.id,
+            )
+        if index == 0:
+            raise DecodeError(f"stream {src.id}: file {src.location} has no decodable frame; re-encode it", stream=src.id)
+    finally:
+        container.close()

@@ -1,0 +1,113 @@
+"""Inference with ONNX Runtime on the CPU, and the choice of device.
+
+The CUDA engine lives in `infer_cuda.py` (imported only where CUDA is used). Both engines take a Batch,
+run it, map boxes back to source pixels with `frames.pack_detections`, and give the batch's buffer back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from .errors import DeviceError, InferenceError, ModelError
+from .frames import Batch, FrameResult, pack_detections, split_results
+from .model import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:400]
+
+
+def session_options(threads: int | None = None):  # -> ort.SessionOptions
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    return so
+
+
+class CpuEngine:
+    """ORT's CPU provider. One session: concurrent runs would only compete for the same cores."""
+
+    device = "cpu"
+
+    def __init__(self, info: ModelInfo, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        self.info = info
+        self.buffers = 1
+        try:
+            self.session = ort.InferenceSession(
+                str(info.path), session_options(threads or os.cpu_count()), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {_first_line(exc)}") from exc
+        self._sizes = np.zeros((info.batch, 2), np.int64)
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        info = self.info
+        try:
+            outs = self.session.run(info.output_names, {info.input_name: batch.data})
+        except Exception as exc:
+            raise InferenceError(
+                f"stream {batch.stream}: model {info.path.name} failed on frames "
+                f"{batch.frames[0].index}-{batch.frames[-1].index}: {_first_line(exc)}"
+            ) from exc
+        finally:
+            batch.done()
+        sizes = np.array([[m.width, m.height] for m in batch.frames], np.int64)
+        bi = outs[3] if len(outs) > 3 else None
+        packed = pack_detections(np, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), len(batch.frames))
+        return split_results(batch.frames, packed)
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]
+
+
+def cuda_unavailable_reason(device_id: int = 0) -> str | None:
+    """Why the CUDA path cannot run here, or None when it can."""
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - onnxruntime is a dependency
+        return f"onnxruntime is not installed ({exc})"
+    if "CUDAExecutionProvider" not in ort.get_available_providers():
+        return "onnxruntime has no CUDA provider (install the 'gpu' extra: onnxruntime-gpu)"
+    try:
+        import cupy
+
+        count = cupy.cuda.runtime.getDeviceCount()
+    except ImportError:
+        return "cupy is not installed (install the 'gpu' extra)"
+    except Exception as exc:
+        return f"no CUDA device is usable ({_first_line(exc)})"
+    if count <= device_id:
+        return f"CUDA device {device_id} does not exist ({count} found)"
+    try:
+        import nvidia.dali  # noqa: F401
+    except ImportError:
+        return "NVIDIA DALI is not installed (install the 'gpu' extra)"
+    return None
+
+
+def choose_device(requested: str, device_id: int = 0) -> str:
+    """'auto' -> 'cuda' when the GPU packages and a GPU are present, else 'cpu'; logs which and why."""
+    if requested == "cpu":
+        log.info("device: cpu (requested)")
+        return "cpu"
+    reason = cuda_unavailable_reason(device_id)
+    if requested == "cuda":
+        if reason:
+            raise DeviceError(f"--device cuda: {reason}; use --device cpu or --device auto")
+        log.info("device: cuda:%d (requested)", device_id)
+        return "cuda"
+    if reason:
+        log.info("device: cpu (auto: %s)", reason)
+        return "cpu"
+    log.info("device: cuda:%d (auto: onnxruntime-gpu, cupy, DALI and a GPU are present)", device_id)
+    return "cuda"

@@ -1,0 +1,299 @@
+"""The coordinator: one asyncio task per stream, decode and inference in worker threads, publishing on the loop.
+
+Decision record:
+- Per stream, a producer pulls batches from its BatchSource in a worker thread and submits each to the
+  engine's pool at once; the future goes into a bounded FIFO (`queue_batches`). A consumer awaits the futures
+  in that order and publishes, so a stream's messages leave in frame order while up to `buffers` batches run
+  at the same time. The bounded FIFO and the sources' fixed buffer pools are the backpressure: files are
+  lossless, a slow consumer holds the decoder back.
+- A stream that fails publishes what it decoded, then a `status` "failed" message, and is retired; it never
+  touches the others (every per-stream exception is caught in its own task).
+- The engine is shared by all streams; only the loop touches the ZeroMQ socket.
+- First SIGINT/SIGTERM: stop reading, publish what is in flight and an `eos` per stream; a second one cancels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import messages
+from .config import Config
+from .errors import StreamError
+from .frames import Batch, BatchSource, Engine, FrameResult
+from .model import ModelInfo, default_model_path, load_info
+from .publish import Publisher
+from .sources import Source, expand, redact
+
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[str, int, int | None], None]
+
+
+@dataclass
+class StreamStats:
+    id: str
+    location: str
+    state: str = "starting"
+    frames: int = 0
+    detections: int = 0
+    expected: int | None = None
+    error: str | None = None
+    started_at: float = field(default_factory=time.perf_counter)
+    ended_at: float | None = None
+
+    @property
+    def fps(self) -> float:
+        end = self.ended_at or time.perf_counter()
+        return self.frames / max(end - self.started_at, 1e-9)
+
+
+def sample_video_path() -> Path:
+    """The embedded default's video, made on first use in the user's cache folder."""
+    import os
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stream"
+    path = cache / "sample-640x360-h264.mp4"
+    if not path.exists():
+        from .sample import make_sample_video
+
+        cache.mkdir(parents=True, exist_ok=True)
+        log.info("making the sample video %s", path)
+        make_sample_video(path)
+    return path
+
+
+def resolve(cfg: Config) -> tuple[list[Source], ModelInfo]:
+    """Streams and model for a config; the embedded default where none are given."""
+    sources = expand(cfg.sources)
+    if not sources:
+        sources = [Source("sample", str(sample_video_path()))]
+    info = load_info(cfg.model or default_model_path())
+    return sources, info
+
+
+def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
+    if device == "cuda":
+        from .infer_cuda import CudaEngine
+
+        return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id)
+    from .infer import CpuEngine
+
+    return CpuEngine(info)
+
+
+def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
+    """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyAV everywhere else."""
+    pool = cfg.queue_batches + cfg.buffers + 1
+    if device == "cuda" and not src.live:
+        from .decode import probe
+        from .decode_dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource
+
+        vi = probe(src)
+        if vi.codec in DALI_CODECS and vi.pix_fmt in DALI_PIX_FMTS:
+            try:
+                return DaliBatchSource(src, info, vi, device_id=cfg.device_id)
+            except StreamError as exc:
+                log.warning("%s; decoding this stream on the CPU with PyAV instead", exc)
+        else:
+            log.warning(
+                "stream %s: %s %s is not decoded by NVDEC here (it takes %s in 4:2:0); decoding on the CPU with PyAV",
+                src.id, vi.codec, vi.pix_fmt, "/".join(sorted(DALI_CODECS)),
+            )
+    from .preprocess import HostBatchSource
+
+    return HostBatchSource(src, info, pool=pool)
+
+
+class Runner:
+    def __init__(
+        self,
+        cfg: Config,
+        sources: list[Source],
+        info: ModelInfo,
+        engine: Engine,
+        publisher: Publisher,
+        *,
+        progress: ProgressFn | None = None,
+        source_factory: Callable[[Source], BatchSource] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.sources = sources
+        self.info = info
+        self.engine = engine
+        self.publisher = publisher
+        self.progress = progress
+        self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
+        self._factory = source_factory or (lambda s: make_source(s, info, engine.device, cfg))
+        self._io = ThreadPoolExecutor(max_workers=max(2, len(sources)), thread_name_prefix="decode")
+        self._infer = ThreadPoolExecutor(max_workers=engine.buffers, thread_name_prefix="infer")
+        self._stopping = asyncio.Event()
+        self._signals = 0
+
+    # -- signals -------------------------------------------------------------------------------------------
+    def _on_signal(self, main: asyncio.Task[Any]) -> None:
+        self._signals += 1
+        if self._signals == 1:
+            log.warning("stopping: finishing the frames in flight (signal again to stop at once)")
+            self._stopping.set()
+        else:
+            log.warning("stopping now")
+            main.cancel()
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    # -- one stream ----------------------------------------------------------------------------------------
+    async def _publish(self, st: StreamStats, res: FrameResult) -> None:
+        m = res.meta
+        dets = messages.detection_list(res.boxes.tolist(), res.scores.tolist(), res.labels.tolist(), self.info.label_names)
+        await self.publisher.send(
+            messages.detections(
+                st.id, m.index, pts_s=m.pts_s, captured_at=m.captured_at, width=m.width, height=m.height, dets=dets
+            )
+        )
+        st.frames += 1
+        st.detections += len(dets)
+        if self.progress:
+            self.progress(st.id, st.frames, st.expected)
+
+    async def _run_stream(self, src: Source) -> None:
+        loop = asyncio.get_running_loop()
+        st = self.stats[src.id]
+        st.started_at = time.perf_counter()
+        bsrc: BatchSource | None = None
+        inflight: asyncio.Queue[tuple[Batch, asyncio.Future[list[FrameResult]]] | BaseException | None]
+        inflight = asyncio.Queue(maxsize=self.cfg.queue_batches)
+
+        async def produce() -> None:
+            assert bsrc is not None
+            it = iter(bsrc)
+            try:
+                while not self._stopping.is_set():
+                    batch = await loop.run_in_executor(self._io, next, it, None)
+                    if batch is None:
+                        break
+                    fut = loop.run_in_executor(self._infer, self.engine.infer, batch)
+                    await inflight.put((batch, fut))
+            except asyncio.CancelledError:
+                return
+            except Exception as exc:  # handed to the consumer, which publishes what came before it
+                await inflight.put(exc)
+                return
+            await inflight.put(None)
+
+        producer: asyncio.Task[None] | None = None
+        try:
+            bsrc = await loop.run_in_executor(self._io, self._factory, src)
+            st.expected = bsrc.frames_expected
+            st.state = "streaming"
+            if self.progress:
+                self.progress(st.id, 0, st.expected)
+            producer = asyncio.create_task(produce(), name=f"produce-{src.id}")
+            while True:
+                item = await inflight.get()
+                if item is None:
+                    break
+                if isinstance(item, BaseException):
+                    raise item
+                _, fut = item
+                for res in await fut:
+                    await self._publish(st, res)
+            st.state = "completed"
+            st.ended_at = time.perf_counter()
+            await self.publisher.send(messages.eos(st.id, st.frames))
+            log.info("stream %s: completed, %d frames", st.id, st.frames)
+        except asyncio.CancelledError:
+            st.state, st.error = "cancelled", "cancelled"
+            raise
+        except Exception as exc:
+            st.state = "failed"
+            st.ended_at = time.perf_counter()
+            st.error = str(exc) if isinstance(exc, StreamError) else f"stream {src.id}: internal error: {exc!r}"
+            if not isinstance(exc, StreamError):
+                log.exception("stream %s failed", src.id)
+            log.error("%s", st.error)
+            await self.publisher.send(messages.status(st.id, "failed", st.error, frames=st.frames))
+        finally:
+            if bsrc is not None:
+                bsrc.close()
+            if producer is not None and not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+            await self._drain(inflight)
+
+    @staticmethod
+    async def _drain(inflight: asyncio.Queue[Any]) -> None:
+        """Let batches still running finish (they hold pooled buffers) without publishing them."""
+        while not inflight.empty():
+            item = inflight.get_nowait()
+            if isinstance(item, tuple):
+                try:
+                    await item[1]
+                except BaseException:
+                    pass
+
+    # -- the run -------------------------------------------------------------------------------------------
+    async def run(self) -> dict[str, StreamStats]:
+        loop = asyncio.get_running_loop()
+        main = asyncio.current_task()
+        installed = []
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, main)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
+                pass
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for src in self.sources:
+                    tg.create_task(self._run_stream(src), name=f"stream-{src.id}")
+        finally:
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+            self._io.shutdown(wait=False, cancel_futures=True)
+            self._infer.shutdown(wait=True)
+        return self.stats
+
+
+@dataclass
+class RunResult:
+    device: str
+    endpoint: str
+    stats: dict[str, StreamStats]
+
+
+async def run(
+    cfg: Config,
+    *,
+    progress: ProgressFn | None = None,
+    on_ready: Callable[[Runner], None] | None = None,
+) -> RunResult:
+    """Run every source of cfg to its end. Raises StreamError for whole-run faults (model, device, endpoint)."""
+    from .infer import choose_device
+
+    sources, info = resolve(cfg)
+    device = choose_device(cfg.device, cfg.device_id)
+    engine = await asyncio.to_thread(make_engine, device, info, cfg)
+    publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s)
+    try:
+        await publisher.start()
+        if not await publisher.wait_subscribers(cfg.wait_subscribers, cfg.wait_subscribers_timeout_s):
+            raise StreamError(
+                f"--wait-subscribers {cfg.wait_subscribers}: only {publisher.subscriptions} subscribed within "
+                f"{cfg.wait_subscribers_timeout_s:g} s on {publisher.endpoint}"
+            )
+        runner = Runner(cfg, sources, info, engine, publisher, progress=progress)
+        if on_ready:
+            on_ready(runner)
+        return RunResult(device, publisher.endpoint, await runner.run())
+    finally:
+        await publisher.close()
+        engine.close()

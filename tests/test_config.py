@@ -1,0 +1,96 @@
+"""Config loading: TOML keys, flag overrides, and clear errors that name the key and the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream import config
+from stream.config import Config, SourceSpec
+from stream.errors import ConfigError
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+def test_defaults_are_safe() -> None:
+    cfg = config.load()
+    assert cfg.publish == "tcp://127.0.0.1:5556"  # loopback only unless configured
+    assert cfg.device == "auto" and cfg.buffers == 2 and cfg.format == "json"
+    assert cfg.sources == ()
+
+
+def test_file_then_flags_override(tmp_path: Path) -> None:
+    p = write(tmp_path, 'device = "cpu"\nbuffers = 3\nsources = ["a.mp4", {id = "cam", path = "b.mp4"}]\n')
+    cfg = config.load(p, {"buffers": 1, "device": None})
+    assert cfg.device == "cpu" and cfg.buffers == 1
+    assert cfg.sources == (SourceSpec(None, "a.mp4"), SourceSpec("cam", "b.mp4"))
+    assert cfg.config_path == p
+    cfg = config.load(p, {"sources": ["x=c.mp4"]})
+    assert cfg.sources == (SourceSpec("x", "c.mp4"),)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("colour = 1\n", ["'colour'", "c.toml", "known keys"]),
+        ('device = "tpu"\n', ["'device'", "c.toml", "auto, cpu, cuda"]),
+        ("buffers = 0\n", ["'buffers'", "between 1 and 8"]),
+        ('buffers = "2"\n', ["'buffers'", "must be int"]),
+        ("wait_subscribers = true\n", ["'wait_subscribers'", "must be int"]),
+        ('publish = "127.0.0.1:5556"\n', ["'publish'", "tcp://"]),
+        ('sources = [{id = "a", file = "x.mp4"}]\n', ["'file'", "sources[0]"]),
+        ("sources = [{id = \"a\"}]\n", ["sources[0]", "'path'"]),
+        ("sources = 3\n", ["'sources'", "list"]),
+        ("device = \n", ["not valid TOML"]),
+    ],
+)
+def test_bad_values_name_key_and_file(tmp_path: Path, text: str, words: list[str]) -> None:
+    p = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        config.load(p)
+    for w in words:
+        assert w in str(err.value), (w, str(err.value))
+    if "TOML" not in words[0]:
+        assert str(p) in str(err.value)
+
+
+def test_bad_flag_names_the_command_line() -> None:
+    with pytest.raises(ConfigError, match="'buffers' on the command line"):
+        config.load(None, {"buffers": 99})
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        config.load(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize(
+    "text, spec",
+    [
+        ("a.mp4", SourceSpec(None, "a.mp4")),
+        ("cam=a.mp4", SourceSpec("cam", "a.mp4")),
+        ("rtsp://u:p@h/s?x=1", SourceSpec(None, "rtsp://u:p@h/s?x=1")),
+        ("cam=rtsp://h/s?x=1", SourceSpec("cam", "rtsp://h/s?x=1")),
+    ],
+)
+def test_parse_source(text: str, spec: SourceSpec) -> None:
+    assert config.parse_source(text) == spec
+
+
+def test_shipped_configs_load() -> None:
+    root = Path(__file__).resolve().parent.parent / "configs"
+    files = sorted(root.glob("*.toml"))
+    assert files, "configs/ has no TOML files"
+    for f in files:
+        assert isinstance(config.load(f), Config)
+
+
+def test_every_key_documented_in_default_config() -> None:
+    text = (Path(__file__).resolve().parent.parent / "configs" / "default.toml").read_text()
+    for key in config.known_keys():
+        assert f"{key} =" in text or f"# {key} =" in text, key

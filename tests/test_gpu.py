@@ -1,0 +1,148 @@
+"""The GPU path on a CUDA machine: DALI on NVDEC -> ORT IOBinding -> ZeroMQ. Skipped where CUDA is not usable.
+
+Run on the GPU host with `pytest -m gpu`. Tolerances: NVDEC+DALI and FFmpeg+OpenCV decode the same H.264
+bits but convert YUV to RGB with different rounding (a few levels per pixel), so detections are compared by
+matching: every detection scoring at least 0.05 over the model's threshold in one path has one in the other
+with the same label, IoU >= 0.7 and a score within 0.05.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream.infer import cuda_unavailable_reason
+
+from .conftest import collect_run, detections_of, free_port, unmatched
+
+REASON = cuda_unavailable_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=f"no CUDA path here: {REASON}")]
+
+
+def ep() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+class HostCopyGuard:
+    """Records every device-to-host copy made through CuPy, ONNX Runtime and DALI while installed."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import cupy
+        import onnxruntime
+        from nvidia.dali import backend
+
+        self.copies: list[tuple[str, int]] = []
+
+        def wrap(owner: Any, name: str, nbytes: Any) -> None:
+            orig = getattr(owner, name)
+
+            def patched(obj: Any, *a: Any, **k: Any) -> Any:
+                out = orig(obj, *a, **k)
+                self.copies.append((f"{getattr(owner, '__name__', owner)}.{name}", int(nbytes(obj, out))))
+                return out
+
+            monkeypatch.setattr(owner, name, patched)
+
+        try:
+            wrap(cupy.ndarray, "get", lambda a, out: a.nbytes)
+        except TypeError:  # an extension type that takes no new attributes: watch our own download seam
+            import stream.infer_cuda as ic
+
+            orig_dl = ic.download
+            monkeypatch.setattr(ic, "download", lambda a, s: self._record("download", orig_dl(a, s)))
+        orig_asnumpy = cupy.asnumpy
+        monkeypatch.setattr(cupy, "asnumpy", lambda a, *x, **k: self._record("cupy.asnumpy", orig_asnumpy(a, *x, **k)))
+        wrap(onnxruntime.OrtValue, "numpy", lambda ov, out: np.asarray(out).nbytes)
+        wrap(onnxruntime.IOBinding, "copy_outputs_to_cpu", lambda b, out: sum(np.asarray(o).nbytes for o in out))
+        for cls in (backend.TensorListGPU, backend.TensorGPU):
+            if hasattr(cls, "as_cpu"):
+                wrap(cls, "as_cpu", lambda t, out: _dali_nbytes(out))
+
+    def _record(self, what: str, out: Any) -> Any:
+        self.copies.append((what, int(np.asarray(out).nbytes)))
+        return out
+
+    @property
+    def largest(self) -> int:
+        return max((n for _, n in self.copies), default=0)
+
+
+def _dali_nbytes(t: Any) -> int:
+    if hasattr(t, "as_tensor"):
+        try:
+            return int(np.asarray(t.as_tensor()).nbytes)
+        except Exception:
+            return sum(int(np.asarray(t[i]).nbytes) for i in range(len(t)))
+    return int(np.asarray(t).nbytes)
+
+
+@pytest.fixture(scope="module")
+def h264(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from stream.sample import make_sample_video
+
+    d = tmp_path_factory.mktemp("gpuvideos")
+    return {
+        "plain": make_sample_video(d / "plain.mp4", width=640, height=360, seconds=3.0),
+        "bframes": make_sample_video(d / "bframes.mp4", width=352, height=288, seconds=2.0, bframes=3),
+        "hd": make_sample_video(d / "hd.mp4", width=1280, height=720, seconds=2.0),
+    }
+
+
+def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any, caplog: pytest.LogCaptureFixture) -> None:
+    srcs = [str(p) for p in h264.values()]
+    caplog.set_level(logging.INFO)
+    gpu, gmsgs = collect_run(srcs, ep(), device="cuda")
+    assert gpu.device == "cuda"
+    assert "on the CPU with PyAV" not in caplog.text, "a stream fell back to CPU decoding"
+    cpu, cmsgs = collect_run(srcs, ep(), device="cpu")
+    floor = (model_info.score_thresh or 0.0) + 0.05
+    counts: list[int] = []
+    for sid in h264:
+        g, c = detections_of(gmsgs[sid]), detections_of(cmsgs[sid])
+        assert len(g) == len(c) == gpu.stats[sid].frames == cpu.stats[sid].frames
+        assert [m["frame"] for m in gmsgs[sid][:-1]] == list(range(len(g)))
+        assert gmsgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(g)}
+        for i, (gd, cd) in enumerate(zip(g, c)):
+            assert not unmatched(cd, gd, min_iou=0.7, score_tol=0.05, floor=floor), (sid, i, cd, gd)
+            assert not unmatched(gd, cd, min_iou=0.7, score_tol=0.05, floor=floor), (sid, i, gd, cd)
+        counts += [len(d) for d in g]
+        pts = [m["pts_s"] for m in gmsgs[sid][:-1]]
+        assert all(b > a for a, b in zip(pts, pts[1:])), "pts_s must increase"
+    assert 0 in counts and len(set(counts)) > 3, f"detection counts do not vary: {sorted(set(counts))}"
+
+
+def test_no_frame_sized_tensor_reaches_the_host(h264: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    guard = HostCopyGuard(monkeypatch)
+    result, msgs = collect_run([str(h264["hd"])], ep(), device="cuda")
+    frames = result.stats["hd"].frames
+    assert frames > 0 and len(detections_of(msgs["hd"])) == frames
+    assert guard.copies, "the guard saw no copy at all: it is not wired to the path"
+    frame_bytes = 1280 * 720 * 3
+    assert guard.largest < frame_bytes // 100, f"a large device-to-host copy happened: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
+
+
+def test_guard_catches_a_frame_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The guard above can fail: a frame-sized download is seen."""
+    import cupy
+
+    guard = HostCopyGuard(monkeypatch)
+    cupy.zeros((720, 1280, 3), cupy.uint8).get()
+    assert guard.largest == 720 * 1280 * 3
+
+
+def test_buffers_give_identical_results(h264: dict[str, Path]) -> None:
+    runs = []
+    for buffers in (1, 2, 3):
+        _, msgs = collect_run([str(h264["plain"]), str(h264["bframes"])], ep(), device="cuda", buffers=buffers)
+        runs.append({sid: detections_of(m) for sid, m in msgs.items()})
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(videos: dict[str, Path]) -> None:
+    result, msgs = collect_run([str(videos["mpeg4_odd"])], ep(), device="cuda")
+    assert result.stats["mpeg4_odd"].state == "completed"
+    assert msgs["mpeg4_odd"][-1]["type"] == "eos"
