@@ -126,6 +126,10 @@ class CudaEngine:
                 slot.binding.bind_input(
                     info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
                 )
+                # Bound again every run: after a run the binding holds that run's outputs, and ORT would
+                # take them as pre-allocated buffers of a fixed shape for the next one.
+                for name in info.output_names:
+                    slot.binding.bind_output(name, "cuda", self.device_id)
                 try:
                     slot.session.run_with_iobinding(slot.binding)
                 except Exception as exc:
