@@ -12,7 +12,8 @@ Decision record:
 - Outputs of the dynamic executor are reference-counted and not overwritten by the next run, so the
   model input is DALI's own buffer, wrapped as a CuPy array without a copy; the Batch keeps the DALI
   output alive until inference is done.
-- Resize is bilinear without antialiasing, like the CPU path (OpenCV INTER_LINEAR) and torchvision.
+- Resize is bilinear without antialiasing, to float32, like the CPU path (OpenCV INTER_LINEAR on float) and
+  torchvision: no rounding to uint8 between resize and normalize.
 - frame numbers and timestamps are a few bytes per batch; they are the only things read back to the host.
 """
 
@@ -63,7 +64,8 @@ def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int 
             name="reader",
         )
         video = fn.resize(
-            video, resize_x=info.width, resize_y=info.height, interp_type=types.INTERP_LINEAR, antialias=False
+            video, resize_x=info.width, resize_y=info.height, interp_type=types.INTERP_LINEAR, antialias=False,
+            dtype=types.FLOAT,
         )
         video = fn.crop_mirror_normalize(
             video, dtype=out_type, output_layout="FCHW", mean=mean.tolist(), std=std.tolist()

@@ -1,9 +1,11 @@
 """Preprocessing on the host, and the CPU batch source (PyAV decode + resize/normalize into model batches).
 
 The resize is bilinear with half-pixel centres and no antialiasing (OpenCV's INTER_LINEAR), the same
-arithmetic as DALI's linear resize on the GPU path and torchvision's own F.interpolate, so the two paths and
-a numpy reference agree to within one intensity level. The image is stretched to the model size; x and y
-scales are kept apart so boxes map back to source pixels exactly.
+arithmetic as DALI's linear resize on the GPU path and torchvision's own F.interpolate. It runs in float32,
+not uint8: OpenCV's uint8 resize rounds through 11-bit fixed point, and a one-level difference in many
+pixels is enough to move a detector's near-tied scores across NMS; in float the CPU path, the GPU path
+(DALI resizes to float too) and a numpy reference compute the same numbers. The image is stretched to the
+model size; x and y scales are kept apart so boxes map back to source pixels exactly.
 """
 
 from __future__ import annotations
@@ -40,10 +42,12 @@ class HostPreprocessor:
         return np.zeros((i.batch, 3, i.height, i.width), dtype=self.dtype)
 
     def resize(self, rgb: np.ndarray) -> np.ndarray:
+        """HxWx3 uint8 -> model-size HxWx3 float32 (0..255)."""
         i = self.info
+        f = rgb.astype(np.float32)
         if rgb.shape[0] == i.height and rgb.shape[1] == i.width:
-            return rgb
-        return self._cv2.resize(rgb, (i.width, i.height), interpolation=self._cv2.INTER_LINEAR)
+            return f
+        return self._cv2.resize(f, (i.width, i.height), interpolation=self._cv2.INTER_LINEAR)
 
     def fill(self, out: np.ndarray, row: int, rgb: np.ndarray) -> None:
         chw = self.resize(rgb).transpose(2, 0, 1)

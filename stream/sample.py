@@ -19,7 +19,7 @@ import numpy as np
 
 log = logging.getLogger(__name__)
 
-DARK_LEVEL = 16  # video black: a "plain dark" frame is this grey level everywhere
+DARK_LEVEL = 0  # black: also what letterboxing usually pads with, so a padded dark frame stays flat
 _EVEN_ONLY_420 = {"libx264", "libx265", "h264", "hevc"}
 _FORMATS = {".mp4": "mp4", ".mkv": "matroska", ".webm": "webm", ".mov": "mov", ".avi": "avi"}
 

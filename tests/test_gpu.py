@@ -1,9 +1,11 @@
 """The GPU path on a CUDA machine: DALI on NVDEC -> ORT IOBinding -> ZeroMQ. Skipped where CUDA is not usable.
 
-Run on the GPU host with `pytest -m gpu`. Tolerances: NVDEC+DALI and FFmpeg+OpenCV decode the same H.264
-bits but convert YUV to RGB with different rounding (a few levels per pixel), so detections are compared by
-matching: every detection scoring at least 0.05 over the model's threshold in one path has one in the other
-with the same label, IoU >= 0.7 and a score within 0.05.
+Run on the GPU host with `pytest -m gpu`. Tolerance: NVDEC+DALI and FFmpeg(swscale) decode the same H.264
+bits but convert YUV to RGB with their own rounding (a level or two per pixel); resize and normalize are the
+same float arithmetic on both. Detections are compared by matching: a detection scoring at least 0.03 over
+the model's threshold in one path must have one in the other with the same label, IoU >= 0.8 and a score
+within 0.03; at most 2% of them may be unmatched (near-tied boxes that NMS keeps in one path and not the
+other), and every frame's count may differ by at most 1.
 """
 
 from __future__ import annotations
@@ -99,19 +101,23 @@ def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any,
     assert gpu.device == "cuda"
     assert "on the CPU with PyAV" not in caplog.text, "a stream fell back to CPU decoding"
     cpu, cmsgs = collect_run(srcs, ep(), device="cpu")
-    floor = (model_info.score_thresh or 0.0) + 0.05
+    floor = (model_info.score_thresh or 0.0) + 0.03
     counts: list[int] = []
+    compared = missed = 0
     for sid in h264:
         g, c = detections_of(gmsgs[sid]), detections_of(cmsgs[sid])
         assert len(g) == len(c) == gpu.stats[sid].frames == cpu.stats[sid].frames
         assert [m["frame"] for m in gmsgs[sid][:-1]] == list(range(len(g)))
         assert gmsgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(g)}
         for i, (gd, cd) in enumerate(zip(g, c)):
-            assert not unmatched(cd, gd, min_iou=0.7, score_tol=0.05, floor=floor), (sid, i, cd, gd)
-            assert not unmatched(gd, cd, min_iou=0.7, score_tol=0.05, floor=floor), (sid, i, gd, cd)
+            missed += len(unmatched(cd, gd, min_iou=0.8, score_tol=0.03, floor=floor))
+            missed += len(unmatched(gd, cd, min_iou=0.8, score_tol=0.03, floor=floor))
+            compared += sum(d["score"] >= floor for d in cd) + sum(d["score"] >= floor for d in gd)
+            assert abs(len(gd) - len(cd)) <= 1, (sid, i, cd, gd)
         counts += [len(d) for d in g]
         pts = [m["pts_s"] for m in gmsgs[sid][:-1]]
         assert all(b > a for a, b in zip(pts, pts[1:])), "pts_s must increase"
+    assert compared > 100 and missed <= 0.02 * compared, f"{missed} of {compared} detections unmatched"
     assert 0 in counts and len(set(counts)) > 3, f"detection counts do not vary: {sorted(set(counts))}"
 
 
