@@ -8,7 +8,9 @@ OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 what=${1:-all}
-THRESH=${THRESH:-0.05}
+# Random weights: at 0.05 the full model keeps its 300-detection maximum on every frame; at 0.1 the count
+# varies (0 on dark frames) on the sample video (measured on the host, torch 2.11, seed 0).
+THRESH=${THRESH:-0.1}
 
 check() {
   nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
@@ -35,7 +37,8 @@ export_models() {
 }
 
 run_tests() {
-  python3 -m pytest -q -m gpu tests/test_gpu.py -p no:cacheprovider 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+  # the whole suite: the GPU tests and, on this machine too, the CPU ones
+  python3 -m pytest -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest-all.txt" | tail -40
 }
 
 run_bench() {

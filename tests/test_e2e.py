@@ -124,7 +124,7 @@ def test_embedded_default_runs(tmp_path: Path) -> None:
                    env={"XDG_CACHE_HOME": str(tmp_path)})
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "stream" / "sample-640x360-h264.mp4").stat().st_mtime >= t - 1
-    assert "sample" in proc.stderr and "completed" in proc.stderr and "device: cpu" in proc.stderr
+    assert "sample" in proc.stderr and "completed" in proc.stderr and "device: " in proc.stderr
 
 
 def test_wait_subscribers_timeout_exits_2(videos: dict[str, Path], tmp_path: Path) -> None:
