@@ -248,6 +248,10 @@ def _trace_to_onnx(model: nn.Module, path: Path, *, batch: int, height: int, wid
     device = "cuda" if fp16 and torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if fp16 else torch.float32
     if fp16:
+        if device == "cpu":
+            # Tracing runs the model once, and torch's CPU half kernels are ~10x slower than float32:
+            # minutes for the full model at 800x800, where a CUDA machine takes about 10 s.
+            log.warning("exporting fp16 on the CPU (no CUDA here): slow for large models; a CUDA machine takes seconds")
         _to_half(model)
     wrapped = _wrap(model).to(device)
     # Any input works for tracing (the graph does not depend on values); seeded so files are reproducible.
