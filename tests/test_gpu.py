@@ -157,3 +157,53 @@ def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(videos: dict[str, Pa
     result, msgs = collect_run([str(videos["mpeg4_odd"])], ep(), device="cuda")
     assert result.stats["mpeg4_odd"].state == "completed"
     assert msgs["mpeg4_odd"][-1]["type"] == "eos"
+
+
+def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
+    """Every frame as NVDEC+DALI decode it (RGB uint8, source size), copied to the host for the reference."""
+    import nvidia.dali.fn as fn
+    from nvidia.dali import pipeline_def
+
+    @pipeline_def(batch_size=1, num_threads=2, device_id=0)
+    def pipe() -> Any:
+        return fn.experimental.readers.video(device="gpu", filenames=[str(path)], sequence_length=1, name="r")
+
+    p = pipe()
+    p.build()
+    return [np.asarray(p.run()[0].as_cpu().as_tensor())[0, 0] for _ in range(p.epoch_size("r"))]
+
+
+def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], model_info: Any) -> None:
+    """The GPU path against a plain reference fed the same decoded frames: numpy resize and scaling,
+    `session.run` on host arrays (CUDA provider). Isolates everything after decoding: DALI's resize and
+    normalize, the IOBinding, batching and padding, the box mapping. Tolerance: resize in float on both
+    sides (DALI's GPU kernel against numpy float64): every detection 0.005 over the threshold must match one
+    with the same label, IoU >= 0.95 and a score within 0.005; at most 1% unmatched (near-ties in NMS)."""
+    import onnxruntime as ort
+
+    from .test_parity import bilinear
+
+    info = model_info
+    sess = ort.InferenceSession(str(info.path), providers=["CUDAExecutionProvider"])
+    floor = (info.score_thresh or 0.0) + 0.005
+    compared = missed = 0
+    for sid in ("plain", "bframes"):
+        _, msgs = collect_run([str(h264[sid])], ep(), device="cuda")
+        got = detections_of(msgs[sid])
+        frames = _dali_rgb_frames(h264[sid])
+        assert len(got) == len(frames)
+        for i, rgb in enumerate(frames):
+            x = np.zeros((info.batch, 3, info.height, info.width), np.float32)
+            x[0] = bilinear(rgb, info.width, info.height, rnd=False).transpose(2, 0, 1) / 255.0
+            boxes, scores, labels, bi = sess.run(info.output_names, {info.input_name: x})
+            k = bi == 0
+            h, w = rgb.shape[:2]
+            b = np.clip(boxes[k] * np.array([w / info.width, h / info.height] * 2, np.float32), 0, [w, h, w, h])
+            from stream.messages import detection_list
+
+            ref = detection_list(b.tolist(), scores[k].tolist(), labels[k].tolist(), info.label_names)
+            missed += len(unmatched(ref, got[i], min_iou=0.95, score_tol=0.005, floor=floor))
+            missed += len(unmatched(got[i], ref, min_iou=0.95, score_tol=0.005, floor=floor))
+            compared += sum(d["score"] >= floor for d in ref) + sum(d["score"] >= floor for d in got[i])
+    print(f"gpu pipeline vs reference on DALI frames: {missed} of {compared} unmatched")
+    assert compared > 100 and missed <= 0.01 * compared, f"{missed} of {compared} detections unmatched"
