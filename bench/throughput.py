@@ -104,6 +104,10 @@ def main() -> None:
     warm = make_sample_video(tmp / "warm.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=1.0)
     model = a.model or default_model_path()
     naive_model = a.naive_model or model
+    if a.naive_model is None and load_info(model).batch != 1:
+        if a.model is not None:
+            raise SystemExit(f"{model} has batch {load_info(model).batch}: give the naive loop a batch-1 model (--naive-model)")
+        naive_model = default_model_path().with_name("retinanet_tiny_b1.onnx")  # same weights, batch 1
     cfg = config.load(None, {"device": a.device, "model": str(model), "buffers": a.buffers, "progress": "off"})
 
     naive = naive_loop(video, naive_model, a.device, a.naive_frames)

@@ -3,6 +3,8 @@
 
     python scripts/make_small_model.py                 # export, then run every frame of the sample video
     python scripts/make_small_model.py --sweep 0.4 0.5 0.6   # how the counts move with the threshold
+    python scripts/make_small_model.py --batch 1 --output stream/models/retinanet_tiny_b1.onnx
+                                                       # the same weights at batch 1 (bench/throughput.py's naive loop)
 
 The model is retinanet_tiny with seeded random weights (see stream/export.py for why its random init
 still follows the picture). The threshold is chosen so that on the sample video the number of
