@@ -33,20 +33,36 @@ def _connect(ctx: zmq.Context, endpoints: str | Sequence[str], streams: Sequence
     return sock
 
 
-class _Ends:
-    """Tracks which streams have ended, for until_eos."""
+class _Feed:
+    """What the two iterators share: decode, drop prefix matches of other streams, count, stop at the end."""
 
-    def __init__(self, streams: Sequence[str] | None, expect: int | None) -> None:
-        self.wanted = set(streams or [])
+    def __init__(self, streams: Sequence[str] | None, count: int | None, until_eos: bool, expect: int | None) -> None:
+        self.streams = set(streams or [])
+        self.count = count
+        self.until_eos = until_eos
         self.expect = expect
         self.ended: set[str] = set()
+        self.seen = 0
 
-    def see(self, msg: dict[str, Any]) -> bool:
+    @property
+    def done(self) -> bool:
+        if self.count is not None and self.seen >= self.count:
+            return True
+        if not self.until_eos:
+            return False
+        if self.streams:
+            return self.streams <= self.ended
+        return self.expect is not None and len(self.ended) >= self.expect
+
+    def take(self, payload: bytes) -> dict[str, Any] | None:
+        """The decoded message to yield, or None for a prefix match of another stream's topic."""
+        msg = decode(payload)
+        if self.streams and msg["stream"] not in self.streams:
+            return None
+        self.seen += 1
         if msg["type"] == "eos" or (msg["type"] == "status" and msg.get("state") == "failed"):
             self.ended.add(msg["stream"])
-        if self.wanted:
-            return self.wanted <= self.ended
-        return self.expect is not None and len(self.ended) >= self.expect
+        return msg
 
 
 async def subscribe(
@@ -65,20 +81,15 @@ async def subscribe(
     """
     ctx = zmq.asyncio.Context()
     sock = _connect(ctx, endpoints, streams)
-    ends = _Ends(streams, expect)
-    seen = 0
+    feed = _Feed(streams, count, until_eos, expect)
     try:
-        while count is None or seen < count:
+        while not feed.done:
             if timeout_s is not None and not await sock.poll(int(timeout_s * 1000)):
                 raise TimeoutError(f"no message from {endpoints} for {timeout_s:g} s")
-            topic, payload = await sock.recv_multipart()
-            msg = decode(payload)
-            if streams and msg["stream"] not in streams:
-                continue  # a prefix match of another stream's topic
-            seen += 1
-            yield msg
-            if until_eos and ends.see(msg):
-                return
+            _, payload = await sock.recv_multipart()
+            msg = feed.take(payload)
+            if msg is not None:
+                yield msg
     finally:
         sock.close(0)
         ctx.term()
@@ -96,21 +107,16 @@ def iter_messages(
     """The blocking twin of subscribe()."""
     ctx = zmq.Context()
     sock = _connect(ctx, endpoints, streams)
-    ends = _Ends(streams, expect)
-    seen = 0
-    deadline_ms = int(timeout_s * 1000) if timeout_s is not None else -1
+    feed = _Feed(streams, count, until_eos, expect)
+    wait_ms = int(timeout_s * 1000) if timeout_s is not None else -1
     try:
-        while count is None or seen < count:
-            if not sock.poll(deadline_ms):
+        while not feed.done:
+            if not sock.poll(wait_ms):
                 raise TimeoutError(f"no message from {endpoints} for {timeout_s:g} s")
-            topic, payload = sock.recv_multipart()
-            msg = decode(payload)
-            if streams and msg["stream"] not in streams:
-                continue
-            seen += 1
-            yield msg
-            if until_eos and ends.see(msg):
-                return
+            _, payload = sock.recv_multipart()
+            msg = feed.take(payload)
+            if msg is not None:
+                yield msg
     finally:
         sock.close(0)
         ctx.term()
