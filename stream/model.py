@@ -193,7 +193,8 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
 
 
 def load_info(path: str | Path) -> ModelInfo:
-    """Read a model's ModelInfo with a CPU session (cheap: no CUDA is touched)."""
+    """Read a model's ModelInfo with a CPU session (no CUDA is touched; no graph optimization, so a large
+    model costs little more than reading the file)."""
     import onnxruntime as ort
 
     p = Path(path)
@@ -202,6 +203,7 @@ def load_info(path: str | Path) -> ModelInfo:
     try:
         so = ort.SessionOptions()
         so.log_severity_level = 3
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
         raise ModelError(f"model {p}: ONNX Runtime cannot load it ({str(exc).splitlines()[0][:300]}). Re-export it with `stream export-model`.") from exc

@@ -159,3 +159,33 @@ def test_bad_config_file_exits_2(tmp_path: Path, bad: str) -> None:
     assert proc.returncode == 2
     lines = [line for line in proc.stderr.splitlines() if "ERROR" in line]
     assert len(lines) == 1 and str(p) in lines[0] and bad.split(" ")[0] in lines[0]
+
+
+def test_sigterm_drains_and_publishes_eos(tmp_path: Path) -> None:
+    """The first SIGTERM stops reading, publishes the frames in flight and an eos, and exits 0."""
+    import signal
+
+    from stream.sample import make_sample_video
+
+    long = make_sample_video(tmp_path / "long.mp4", width=320, height=240, seconds=30.0)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    col = Collector(endpoint, expect_streams=1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stream", "run", "--source", str(long), "--device", "cpu", "--publish", endpoint,
+         "--wait-subscribers", "1", "--progress", "off"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        deadline = time.time() + 60
+        while len(col.messages) < 20 and time.time() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    msgs = col.join(30)
+    dets = [m for m in msgs if m["type"] == "detections"]
+    assert msgs[-1] == {"v": 1, "type": "eos", "stream": "long", "frames": len(dets)}
+    assert [m["frame"] for m in dets] == list(range(len(dets)))
+    assert 20 <= len(dets) < 900, "stopped neither too early nor after the whole file"
