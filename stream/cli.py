@@ -51,6 +51,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--format", choices=("json", "msgpack"), help="payload encoding (default json)")
     p.add_argument("--wait-subscribers", type=int, metavar="N", help="start once N subscribers have subscribed")
     p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 2)")
+    p.add_argument("--duration", type=float, metavar="S", help="stop (gracefully) after S seconds")
+    p.add_argument("--loop", action="store_true", default=None, help="replay every file source forever")
+    p.add_argument("--metrics-port", type=int, metavar="PORT",
+                   help="serve Prometheus /metrics and /healthz on 127.0.0.1:PORT (default: off)")
     p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_run)
@@ -73,6 +77,9 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "format": args.format,
                 "wait_subscribers": args.wait_subscribers,
                 "buffers": args.buffers,
+                "duration_s": args.duration,
+                "loop": args.loop,
+                "metrics_port": args.metrics_port,
                 "progress": args.progress,
                 "log_level": args.log_level,
             },

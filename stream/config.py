@@ -26,6 +26,7 @@ class SourceSpec:
 
     id: str | None
     location: str
+    loop: bool = False
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,10 @@ class Config:
     linger_s: float = 10.0
     progress: str = "auto"
     log_level: str = "info"
+    duration_s: float = 0.0  # 0: until every source has ended
+    loop: bool = False  # replay every file source forever
+    metrics_port: int = 0  # 0: no metrics server
+    metrics_host: str = "127.0.0.1"
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -62,8 +67,12 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),
     "log_level": (str, LOG_LEVELS, None),
+    "duration_s": ((int, float), None, (0, 10 * 365 * 86_400)),
+    "loop": (bool, None, None),
+    "metrics_port": (int, None, (0, 65_535)),
+    "metrics_host": (str, None, None),
 }
-_SOURCE_KEYS = {"id", "path"}
+_SOURCE_KEYS = {"id", "path", "loop"}
 
 
 def _where(origin: str, key: str) -> str:
@@ -75,6 +84,10 @@ def check_value(key: str, value: Any, origin: str) -> Any:
     if key not in _RULES:
         raise ConfigError(f"unknown key {_where(origin, key)}; known keys: sources, {', '.join(sorted(_RULES))}")
     kind, allowed, bounds = _RULES[key]
+    if kind is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{_where(origin, key)} must be true or false, got {value!r}")
+        return value
     if isinstance(value, bool) or not isinstance(value, kind):
         want = "a number" if kind == (int, float) else kind.__name__  # type: ignore[union-attr]
         raise ConfigError(f"{_where(origin, key)} must be {want}, got {value!r}")
@@ -112,13 +125,16 @@ def _sources_from_toml(items: Any, origin: str) -> list[SourceSpec]:
         elif isinstance(item, dict):
             unknown = set(item) - _SOURCE_KEYS
             if unknown:
-                raise ConfigError(f"unknown key {sorted(unknown)[0]!r} in sources[{i}] in {origin}; known keys: id, path")
+                raise ConfigError(f"unknown key {sorted(unknown)[0]!r} in sources[{i}] in {origin}; known keys: id, path, loop")
             if not isinstance(item.get("path"), str) or not item["path"]:
                 raise ConfigError(f"sources[{i}] in {origin} needs a 'path' string")
             sid = item.get("id")
             if sid is not None and (not isinstance(sid, str) or not sid):
                 raise ConfigError(f"'id' of sources[{i}] in {origin} must be a non-empty string")
-            out.append(SourceSpec(sid, item["path"]))
+            loop = item.get("loop", False)
+            if not isinstance(loop, bool):
+                raise ConfigError(f"'loop' of sources[{i}] in {origin} must be true or false; got {loop!r}")
+            out.append(SourceSpec(sid, item["path"], loop))
         else:
             raise ConfigError(f"sources[{i}] in {origin} must be a string or a table with id and path; got {item!r}")
     return out

@@ -28,6 +28,7 @@ from . import messages
 from .config import Config
 from .errors import StreamError
 from .frames import Batch, BatchSource, Engine, FrameResult
+from .metrics import Metrics
 from .model import ModelInfo, default_model_path, load_info
 from .publish import Publisher
 from .sources import Source, expand, redact
@@ -90,6 +91,15 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
 
 
 def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
+    """A stream's batch source; files with `loop` (or cfg.loop) are replayed forever."""
+    if not src.live and (src.loop or cfg.loop):
+        from .looping import LoopingSource
+
+        return LoopingSource(lambda: make_one_pass(src, info, device, cfg))
+    return make_one_pass(src, info, device, cfg)
+
+
+def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
     """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyAV everywhere else."""
     pool = cfg.queue_batches + cfg.buffers + 1
     if device == "cuda" and not src.live:
@@ -123,6 +133,7 @@ class Runner:
         *,
         progress: ProgressFn | None = None,
         source_factory: Callable[[Source], BatchSource] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self.cfg = cfg
         self.sources = sources
@@ -136,6 +147,8 @@ class Runner:
         self._infer = ThreadPoolExecutor(max_workers=engine.buffers, thread_name_prefix="infer")
         self._stopping = asyncio.Event()
         self._signals = 0
+        self.metrics = metrics
+        self.running = False
 
     # -- signals -------------------------------------------------------------------------------------------
     def _on_signal(self, main: asyncio.Task[Any]) -> None:
@@ -148,7 +161,14 @@ class Runner:
             main.cancel()
 
     def stop(self) -> None:
+        """Stop reading; what is in flight is published, then an eos per stream."""
         self._stopping.set()
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        """For /healthz: ok while the run is going and not stopping."""
+        states = {sid: st.state for sid, st in self.stats.items()}
+        ok = self.running and not self._stopping.is_set()
+        return ok, {"running": self.running, "stopping": self._stopping.is_set(), "streams": states}
 
     # -- one stream ----------------------------------------------------------------------------------------
     async def _publish(self, st: StreamStats, res: FrameResult) -> None:
@@ -161,6 +181,10 @@ class Runner:
         )
         st.frames += 1
         st.detections += len(dets)
+        if self.metrics is not None:
+            self.metrics.frames.labels(st.id).inc()
+            self.metrics.detections.labels(st.id).inc(len(dets))
+            self.metrics.latency.labels(st.id).observe(max(0.0, time.time() - m.captured_at))
         if self.progress:
             self.progress(st.id, st.frames, st.expected)
 
@@ -194,6 +218,8 @@ class Runner:
             bsrc = await loop.run_in_executor(self._io, self._factory, src)
             st.expected = bsrc.frames_expected
             st.state = "streaming"
+            if self.metrics is not None:
+                self.metrics.up.labels(st.id).set(1)
             if self.progress:
                 self.progress(st.id, 0, st.expected)
             producer = asyncio.create_task(produce(), name=f"produce-{src.id}")
@@ -203,8 +229,12 @@ class Runner:
                     break
                 if isinstance(item, BaseException):
                     raise item
-                _, fut = item
-                for res in await fut:
+                batch, fut = item
+                results = await fut
+                if self.metrics is not None:
+                    self.metrics.batch_size.observe(len(batch.frames))
+                    self.metrics.queue_depth.labels(st.id).set(inflight.qsize())
+                for res in results:
                     await self._publish(st, res)
             st.state = "completed"
             st.ended_at = time.perf_counter()
@@ -222,6 +252,8 @@ class Runner:
             log.error("%s", st.error)
             await self.publisher.send(messages.status(st.id, "failed", st.error, frames=st.frames))
         finally:
+            if self.metrics is not None:
+                self.metrics.up.labels(st.id).set(0)
             if bsrc is not None:
                 bsrc.close()
             if producer is not None and not producer.done():
@@ -240,6 +272,10 @@ class Runner:
                 except BaseException:
                     pass
 
+    def _duration_over(self) -> None:
+        log.info("--duration %gs reached: stopping", self.cfg.duration_s)
+        self._stopping.set()
+
     # -- the run -------------------------------------------------------------------------------------------
     async def run(self) -> dict[str, StreamStats]:
         loop = asyncio.get_running_loop()
@@ -251,11 +287,18 @@ class Runner:
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
                 pass
+        timer = None
+        if self.cfg.duration_s > 0:
+            timer = loop.call_later(self.cfg.duration_s, self._duration_over)
+        self.running = True
         try:
             async with asyncio.TaskGroup() as tg:
                 for src in self.sources:
                     tg.create_task(self._run_stream(src), name=f"stream-{src.id}")
         finally:
+            self.running = False
+            if timer is not None:
+                timer.cancel()
             for sig in installed:
                 loop.remove_signal_handler(sig)
             self._io.shutdown(wait=False, cancel_futures=True)
@@ -283,17 +326,24 @@ async def run(
     device = choose_device(cfg.device, cfg.device_id)
     engine = await asyncio.to_thread(make_engine, device, info, cfg)
     publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s)
+    metrics = Metrics() if cfg.metrics_port else None
     try:
+        if metrics is not None:
+            metrics.start_http(cfg.metrics_host, cfg.metrics_port)
         await publisher.start()
         if not await publisher.wait_subscribers(cfg.wait_subscribers, cfg.wait_subscribers_timeout_s):
             raise StreamError(
                 f"--wait-subscribers {cfg.wait_subscribers}: only {publisher.subscriptions} subscribed within "
                 f"{cfg.wait_subscribers_timeout_s:g} s on {publisher.endpoint}"
             )
-        runner = Runner(cfg, sources, info, engine, publisher, progress=progress)
+        runner = Runner(cfg, sources, info, engine, publisher, progress=progress, metrics=metrics)
+        if metrics is not None:
+            metrics.health_from(runner.health)
         if on_ready:
             on_ready(runner)
         return RunResult(device, publisher.endpoint, await runner.run())
     finally:
         await publisher.close()
         engine.close()
+        if metrics is not None:
+            metrics.stop()

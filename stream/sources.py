@@ -26,6 +26,7 @@ class Source:
     id: str
     location: str
     live: bool = False
+    loop: bool = False  # replay a file forever
 
     @property
     def path(self) -> Path:
@@ -79,13 +80,13 @@ def _expand_one(spec: SourceSpec) -> list[Source]:
                 f"source folder {loc!r} holds no video files ({', '.join(sorted(VIDEO_SUFFIXES)[:6])}, ...)"
             )
     else:
-        return [Source(spec.id or path.stem or loc, str(path))]
+        return [Source(spec.id or path.stem or loc, str(path), loop=spec.loop)]
     if spec.id is not None:
         if len(files) == 1:
-            return [Source(spec.id, str(files[0]))]
+            return [Source(spec.id, str(files[0]), loop=spec.loop)]
         # ID=folder: one stream per file, named ID/stem so that ids stay unique and recognisable
-        return [Source(f"{spec.id}/{f.stem}", str(f)) for f in files]
-    return [Source(f.stem, str(f)) for f in files]
+        return [Source(f"{spec.id}/{f.stem}", str(f), loop=spec.loop) for f in files]
+    return [Source(f.stem, str(f), loop=spec.loop) for f in files]
 
 
 def expand(specs: tuple[SourceSpec, ...] | list[SourceSpec]) -> list[Source]:

@@ -1,0 +1,45 @@
+"""Replaying a file source forever (`--loop`, or `loop = true` on a source), with `frame` counting on.
+
+Each pass opens the file anew through the same factory (DALI pipeline or PyAV), so a pass behaves exactly
+like a single run; frame indices continue from the previous pass, while `pts_s` is the file's own timestamp
+and starts again at each pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+from .errors import DecodeError
+from .frames import Batch, BatchSource
+
+
+class LoopingSource:
+    def __init__(self, make: Callable[[], BatchSource]) -> None:
+        self._make = make
+        self._current = make()
+        self.stream = self._current.stream
+        self.frames_expected: int | None = None  # forever
+        self.passes = 0
+        self._closed = False
+
+    def __iter__(self) -> Iterator[Batch]:
+        offset = 0
+        while not self._closed:
+            count = 0
+            for batch in self._current:
+                count += len(batch.frames)
+                if offset:
+                    batch.frames = [replace(m, index=m.index + offset) for m in batch.frames]
+                yield batch
+            if count == 0:
+                raise DecodeError(f"stream {self.stream}: a pass over the file yielded no frame; cannot loop it")
+            offset += count
+            self.passes += 1
+            self._current.close()
+            if not self._closed:
+                self._current = self._make()
+
+    def close(self) -> None:
+        self._closed = True
+        self._current.close()
