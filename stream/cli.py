@@ -55,6 +55,9 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--loop", action="store_true", default=None, help="replay every file source forever")
     p.add_argument("--metrics-port", type=int, metavar="PORT",
                    help="serve Prometheus /metrics and /healthz on 127.0.0.1:PORT (default: off)")
+    p.add_argument("--control", nargs="?", const="tcp://127.0.0.1:5557", metavar="ENDPOINT",
+                   help="serve `stream ctl` on ENDPOINT (default tcp://127.0.0.1:5557) and keep running after the "
+                        "sources end, until stopped")  # fmt: skip
     p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.set_defaults(func=cmd_run)
@@ -80,6 +83,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "duration_s": args.duration,
                 "loop": args.loop,
                 "metrics_port": args.metrics_port,
+                "control": args.control,
                 "progress": args.progress,
                 "log_level": args.log_level,
             },
@@ -148,6 +152,41 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- ctl ------------------------------------------------------------------------------------------------------
+def _add_ctl(sub: Any) -> None:
+    p = sub.add_parser("ctl", help="add, remove or list the streams of a daemon started with --control")
+    p.add_argument("--control", default="tcp://127.0.0.1:5557", metavar="ENDPOINT", help="the daemon's control endpoint")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    add = verbs.add_parser("add", help="start a stream: ctl add ID SOURCE")
+    add.add_argument("id")
+    add.add_argument("source")
+    rm = verbs.add_parser("remove", help="stop a stream (its eos is published): ctl remove ID")
+    rm.add_argument("id")
+    verbs.add_parser("list", help="the streams, as JSON")
+    p.set_defaults(func=cmd_ctl)
+
+
+def cmd_ctl(args: argparse.Namespace) -> int:
+    from .control import request
+
+    req: dict[str, Any] = {"cmd": args.verb}
+    if args.verb in ("add", "remove"):
+        req["id"] = args.id
+    if args.verb == "add":
+        req["source"] = args.source
+    try:
+        reply = request(args.control, req, args.timeout)
+    except TimeoutError as exc:
+        print(f"stream ctl: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(reply, indent=None if args.verb != "list" else 1))
+    if not reply.get("ok"):
+        print(f"stream ctl: {reply.get('error')}", file=sys.stderr)
+        return 1
+    return 0
+
+
 # -- export-model and sample ----------------------------------------------------------------------------------
 def _add_export(sub: Any) -> None:
     p = sub.add_parser("export-model", help="export torchvision's RetinaNet to ONNX (needs the 'export' extra)")
@@ -186,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _add_run(sub)
     _add_subscribe(sub)
+    _add_ctl(sub)
     _add_export(sub)
     _add_sample(sub)
     return parser

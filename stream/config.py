@@ -49,6 +49,7 @@ class Config:
     loop: bool = False  # replay every file source forever
     metrics_port: int = 0  # 0: no metrics server
     metrics_host: str = "127.0.0.1"
+    control: str = ""  # control endpoint; "": none (the run ends with its sources)
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -71,6 +72,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "loop": (bool, None, None),
     "metrics_port": (int, None, (0, 65_535)),
     "metrics_host": (str, None, None),
+    "control": (str, None, None),
 }
 _SOURCE_KEYS = {"id", "path", "loop"}
 
@@ -95,6 +97,8 @@ def check_value(key: str, value: Any, origin: str) -> Any:
         raise ConfigError(f"{_where(origin, key)} must be one of {', '.join(allowed)}; got {value!r}")
     if bounds is not None and not bounds[0] <= value <= bounds[1]:
         raise ConfigError(f"{_where(origin, key)} must be between {bounds[0]} and {bounds[1]}; got {value!r}")
+    if key == "control" and value and "://" not in value:
+        raise ConfigError(f"{_where(origin, key)} must be a ZeroMQ endpoint like tcp://127.0.0.1:5557; got {value!r}")
     if key == "publish" and "://" not in value:
         raise ConfigError(f"{_where(origin, key)} must be a ZeroMQ endpoint like tcp://127.0.0.1:5556; got {value!r}")
     if kind == (int, float):

@@ -134,6 +134,7 @@ class Runner:
         progress: ProgressFn | None = None,
         source_factory: Callable[[Source], BatchSource] | None = None,
         metrics: Metrics | None = None,
+        keep_running: bool = False,
     ) -> None:
         self.cfg = cfg
         self.sources = sources
@@ -143,12 +144,16 @@ class Runner:
         self.progress = progress
         self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
         self._factory = source_factory or (lambda s: make_source(s, info, engine.device, cfg))
-        self._io = ThreadPoolExecutor(max_workers=max(2, len(sources)), thread_name_prefix="decode")
         self._infer = ThreadPoolExecutor(max_workers=engine.buffers, thread_name_prefix="infer")
         self._stopping = asyncio.Event()
         self._signals = 0
+        self._tg: asyncio.TaskGroup | None = None
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._stream_stop: dict[str, asyncio.Event] = {}
+        self._origin: dict[str, str] = {}  # "config" or "control": what SIGHUP may remove
         self.metrics = metrics
         self.running = False
+        self.keep_running = keep_running
 
     # -- signals -------------------------------------------------------------------------------------------
     def _on_signal(self, main: asyncio.Task[Any]) -> None:
@@ -192,6 +197,9 @@ class Runner:
         loop = asyncio.get_running_loop()
         st = self.stats[src.id]
         st.started_at = time.perf_counter()
+        stop = self._stream_stop.setdefault(src.id, asyncio.Event())
+        # One decode thread per stream: a stream waiting for a free buffer never holds up another.
+        io = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"decode-{src.id}")
         bsrc: BatchSource | None = None
         inflight: asyncio.Queue[tuple[Batch, asyncio.Future[list[FrameResult]]] | BaseException | None]
         inflight = asyncio.Queue(maxsize=self.cfg.queue_batches)
@@ -200,8 +208,8 @@ class Runner:
             assert bsrc is not None
             it = iter(bsrc)
             try:
-                while not self._stopping.is_set():
-                    batch = await loop.run_in_executor(self._io, next, it, None)
+                while not (self._stopping.is_set() or stop.is_set()):
+                    batch = await loop.run_in_executor(io, next, it, None)
                     if batch is None:
                         break
                     fut = loop.run_in_executor(self._infer, self.engine.infer, batch)
@@ -215,7 +223,7 @@ class Runner:
 
         producer: asyncio.Task[None] | None = None
         try:
-            bsrc = await loop.run_in_executor(self._io, self._factory, src)
+            bsrc = await loop.run_in_executor(io, self._factory, src)
             st.expected = bsrc.frames_expected
             st.state = "streaming"
             if self.metrics is not None:
@@ -260,6 +268,7 @@ class Runner:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
             await self._drain(inflight)
+            io.shutdown(wait=False, cancel_futures=True)
 
     @staticmethod
     async def _drain(inflight: asyncio.Queue[Any]) -> None:
@@ -272,6 +281,59 @@ class Runner:
                 except BaseException:
                     pass
 
+    # -- streams at run time ---------------------------------------------------------------------------------
+    def add(self, src: Source, origin: str = "control") -> None:
+        """Start a stream while running. Its id must not be running already."""
+        if self._tg is None:
+            raise StreamError("the daemon is not running")
+        if self._stopping.is_set():
+            raise StreamError("the daemon is stopping; no stream can be added")
+        task = self._tasks.get(src.id)
+        if task is not None and not task.done():
+            raise StreamError(f"stream {src.id} is already running; remove it first or pick another id")
+        self.sources.append(src)
+        self.stats[src.id] = StreamStats(src.id, redact(src.location))
+        self._stream_stop[src.id] = asyncio.Event()
+        self._origin[src.id] = origin
+        self._tasks[src.id] = self._tg.create_task(self._run_stream(src), name=f"stream-{src.id}")
+        log.info("stream %s: added (%s)", src.id, redact(src.location))
+
+    def remove(self, stream_id: str) -> None:
+        """Stop a stream: what is in flight is published, then its eos."""
+        task = self._tasks.get(stream_id)
+        if task is None or task.done():
+            raise StreamError(f"no running stream {stream_id}; `stream ctl list` shows the streams")
+        self._stream_stop[stream_id].set()
+        log.info("stream %s: removing", stream_id)
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [
+            {"id": st.id, "source": st.location, "state": st.state, "frames": st.frames,
+             "detections": st.detections, "fps": round(st.fps, 2), "error": st.error}
+            for st in self.stats.values()
+        ]  # fmt: skip
+
+    def reload(self) -> None:
+        """SIGHUP: read the config file again; start streams it adds, remove config streams it dropped."""
+        if self.cfg.config_path is None:
+            log.warning("SIGHUP: no --config file to read again")
+            return
+        from .config import load
+
+        try:
+            wanted = {s.id: s for s in expand(load(self.cfg.config_path).sources)}
+        except StreamError as exc:
+            log.error("SIGHUP: %s; keeping the streams as they are", exc)
+            return
+        running = {sid for sid, t in self._tasks.items() if not t.done()}
+        for sid in sorted(running - set(wanted)):
+            if self._origin.get(sid) == "config":
+                self.remove(sid)
+        for sid, src in wanted.items():
+            if sid not in running:
+                self.add(src, origin="config")
+        log.info("SIGHUP: config %s applied", self.cfg.config_path)
+
     def _duration_over(self) -> None:
         log.info("--duration %gs reached: stopping", self.cfg.duration_s)
         self._stopping.set()
@@ -281,9 +343,15 @@ class Runner:
         loop = asyncio.get_running_loop()
         main = asyncio.current_task()
         installed = []
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        handlers: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = [
+            (signal.SIGINT, self._on_signal, (main,)),
+            (signal.SIGTERM, self._on_signal, (main,)),
+        ]
+        if hasattr(signal, "SIGHUP"):
+            handlers.append((signal.SIGHUP, self.reload, ()))
+        for sig, fn, args in handlers:
             try:
-                loop.add_signal_handler(sig, self._on_signal, main)
+                loop.add_signal_handler(sig, fn, *args)
                 installed.append(sig)
             except (NotImplementedError, RuntimeError, ValueError):  # not the main thread, or Windows
                 pass
@@ -293,15 +361,19 @@ class Runner:
         self.running = True
         try:
             async with asyncio.TaskGroup() as tg:
-                for src in self.sources:
-                    tg.create_task(self._run_stream(src), name=f"stream-{src.id}")
+                self._tg = tg
+                for src in list(self.sources):
+                    self._origin[src.id] = "config"
+                    self._tasks[src.id] = tg.create_task(self._run_stream(src), name=f"stream-{src.id}")
+                if self.keep_running:  # a control endpoint: run until stopped, not until the sources end
+                    tg.create_task(self._stopping.wait(), name="keep-running")
         finally:
+            self._tg = None
             self.running = False
             if timer is not None:
                 timer.cancel()
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            self._io.shutdown(wait=False, cancel_futures=True)
             self._infer.shutdown(wait=True)
         return self.stats
 
@@ -327,6 +399,7 @@ async def run(
     engine = await asyncio.to_thread(make_engine, device, info, cfg)
     publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s)
     metrics = Metrics() if cfg.metrics_port else None
+    control = None
     try:
         if metrics is not None:
             metrics.start_http(cfg.metrics_host, cfg.metrics_port)
@@ -336,13 +409,22 @@ async def run(
                 f"--wait-subscribers {cfg.wait_subscribers}: only {publisher.subscriptions} subscribed within "
                 f"{cfg.wait_subscribers_timeout_s:g} s on {publisher.endpoint}"
             )
-        runner = Runner(cfg, sources, info, engine, publisher, progress=progress, metrics=metrics)
+        runner = Runner(
+            cfg, sources, info, engine, publisher, progress=progress, metrics=metrics, keep_running=bool(cfg.control)
+        )
         if metrics is not None:
             metrics.health_from(runner.health)
+        if cfg.control:
+            from .control import ControlServer
+
+            control = ControlServer(cfg.control, runner)
+            control.start()
         if on_ready:
             on_ready(runner)
         return RunResult(device, publisher.endpoint, await runner.run())
     finally:
+        if control is not None:
+            await control.close()
         await publisher.close()
         engine.close()
         if metrics is not None:

@@ -59,3 +59,67 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
     assert msgs[-1] == {"v": 1, "type": "eos", "stream": "cam", "frames": len(dets)}
     # the second pass gives the same detections as the first
     assert [m["detections"] for m in dets[per_file:per_file + 10]] == [m["detections"] for m in dets[:10]]
+
+
+def wait_for(cond, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.time() + timeout_s
+    while not cond():
+        if time.time() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.1)
+
+
+def ctl(control: str, *args: str) -> tuple[int, str, str]:
+    p = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, *args],
+                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path) -> None:
+    import signal
+
+    endpoint, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(f'sources = [{{id = "c", path = "{videos["plain"]}", loop = true}}]\nprogress = "off"\n')
+    col = Collector(endpoint, expect_streams=99)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "stream", "run", "--config", str(cfg), "--device", "cpu", "--publish", endpoint,
+         "--wait-subscribers", "1", "--control", control],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+
+    def ended(sid: str) -> bool:
+        return any(m["type"] == "eos" and m["stream"] == sid for m in col.messages)
+
+    try:
+        wait_for(lambda: any(m["stream"] == "c" for m in col.messages))
+        code, out, _ = ctl(control, "add", "b", str(videos["bframes"]))
+        assert code == 0 and json.loads(out) == {"ok": True, "added": ["b"]}
+        code, _, err = ctl(control, "add", "c", str(videos["plain"]))
+        assert code == 1 and "already running" in err
+        code, _, err = ctl(control, "remove", "nope")
+        assert code == 1 and "no running stream nope" in err
+        wait_for(lambda: ended("b"))
+        code, out, _ = ctl(control, "list")
+        listing = {s["id"]: s for s in json.loads(out)["streams"]}
+        assert listing["b"]["state"] == "completed" and listing["c"]["state"] == "streaming"
+        # SIGHUP: the config now names d instead of c
+        cfg.write_text(f'sources = [{{id = "d", path = "{videos["plain"]}"}}]\nprogress = "off"\n')
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: ended("c") and ended("d"))
+        time.sleep(1.0)
+        assert proc.poll() is None, "with a control endpoint the daemon keeps running after its sources end"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    by: dict[str, list[dict]] = {}
+    for m in col.messages:
+        by.setdefault(m["stream"], []).append(m)
+    for sid in ("b", "c", "d"):
+        dets = [m for m in by[sid] if m["type"] == "detections"]
+        assert [m["frame"] for m in dets] == list(range(len(dets))), sid
+        assert by[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(dets)}, sid
+    assert len([m for m in by["b"] if m["type"] == "detections"]) == decoded_frames(videos["bframes"])
+    assert len([m for m in by["d"] if m["type"] == "detections"]) == decoded_frames(videos["plain"])
