@@ -22,7 +22,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from . import messages
 from .config import Config
@@ -36,6 +36,12 @@ from .sources import Source, expand, redact
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str, int, int | None], None]
+
+
+class Sink(Protocol):
+    """Where messages go: the ZeroMQ Publisher, or an in-process queue (stream.api.Pipeline)."""
+
+    async def send(self, msg: dict[str, Any]) -> None: ...
 
 
 @dataclass
@@ -129,12 +135,13 @@ class Runner:
         sources: list[Source],
         info: ModelInfo,
         engine: Engine,
-        publisher: Publisher,
+        publisher: Sink,
         *,
         progress: ProgressFn | None = None,
         source_factory: Callable[[Source], BatchSource] | None = None,
         metrics: Metrics | None = None,
         keep_running: bool = False,
+        handle_signals: bool = True,
     ) -> None:
         self.cfg = cfg
         self.sources = sources
@@ -154,6 +161,7 @@ class Runner:
         self.metrics = metrics
         self.running = False
         self.keep_running = keep_running
+        self.handle_signals = handle_signals
 
     # -- signals -------------------------------------------------------------------------------------------
     def _on_signal(self, main: asyncio.Task[Any]) -> None:
@@ -349,7 +357,7 @@ class Runner:
         ]
         if hasattr(signal, "SIGHUP"):
             handlers.append((signal.SIGHUP, self.reload, ()))
-        for sig, fn, args in handlers:
+        for sig, fn, args in handlers if self.handle_signals else []:
             try:
                 loop.add_signal_handler(sig, fn, *args)
                 installed.append(sig)
