@@ -30,12 +30,27 @@ def _run_loop(coro: Any) -> Any:
         return asyncio.run(coro)
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)-7s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: ts (unix s), level, logger, msg, and extra fields given with extra={...}."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out = {"ts": round(record.created, 3), "level": record.levelname.lower(), "logger": record.name,
+               "msg": record.getMessage()}  # fmt: skip
+        out.update(getattr(record, "fields", {}))
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)-7s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(getattr(logging, level.upper()))
 
 
 # -- run ------------------------------------------------------------------------------------------------------
@@ -60,6 +75,7 @@ def _add_run(sub: Any) -> None:
                         "sources end, until stopped")  # fmt: skip
     p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+    p.add_argument("--log-format", choices=("text", "json"), help="text (default) or one JSON object per line")
     p.set_defaults(func=cmd_run)
 
 
@@ -86,13 +102,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "control": args.control,
                 "progress": args.progress,
                 "log_level": args.log_level,
+                "log_format": args.log_format,
             },
         )
     except StreamError as exc:
         _setup_logging("info")
         log.error("%s", exc)
         return 2
-    _setup_logging(cfg.log_level)
+    _setup_logging(cfg.log_level, cfg.log_format)
     bars = ProgressBars(progress_enabled(cfg.progress))
     try:
         with bars:
@@ -103,7 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (KeyboardInterrupt, asyncio.CancelledError):
         log.error("interrupted")
         return 130
-    print_summary(result.stats, result.device)
+    if cfg.log_format == "json":
+        log.info("summary", extra={"fields": {"device": result.device, "streams": [
+            {"id": s.id, "state": s.state, "frames": s.frames, "fps": round(s.fps, 2), "detections": s.detections,
+             "error": s.error} for s in result.stats.values()]}})  # fmt: skip
+    else:
+        print_summary(result.stats, result.device)
     return 1 if any(s.state == "failed" for s in result.stats.values()) else 0
 
 

@@ -45,6 +45,7 @@ class Config:
     linger_s: float = 10.0
     progress: str = "auto"
     log_level: str = "info"
+    log_format: str = "text"  # "text" for people, "json" for one JSON object per line
     duration_s: float = 0.0  # 0: until every source has ended
     loop: bool = False  # replay every file source forever
     metrics_port: int = 0  # 0: no metrics server
@@ -68,6 +69,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),
     "log_level": (str, LOG_LEVELS, None),
+    "log_format": (str, ("text", "json"), None),
     "duration_s": ((int, float), None, (0, 10 * 365 * 86_400)),
     "loop": (bool, None, None),
     "metrics_port": (int, None, (0, 65_535)),

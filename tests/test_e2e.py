@@ -189,3 +189,15 @@ def test_sigterm_drains_and_publishes_eos(tmp_path: Path) -> None:
     assert msgs[-1] == {"v": 1, "type": "eos", "stream": "long", "frames": len(dets)}
     assert [m["frame"] for m in dets] == list(range(len(dets)))
     assert 20 <= len(dets) < 900, "stopped neither too early nor after the whole file"
+
+
+def test_json_logs(videos: dict[str, Path]) -> None:
+    proc = run_cli(["run", "--source", str(videos["plain"]), "--source", "gone=/nonexistent.mp4", "--device", "cpu",
+                    "--publish", f"tcp://127.0.0.1:{free_port()}", "--progress", "off", "--log-format", "json"])
+    assert proc.returncode == 1
+    records = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is JSON
+    assert any(r["level"] == "error" and "stream gone" in r["msg"] for r in records)
+    summary = records[-1]
+    assert summary["msg"] == "summary" and {s["id"]: s["state"] for s in summary["streams"]} == {
+        "plain": "completed", "gone": "failed"}
+    assert len(records) < 30, "no line per frame"
