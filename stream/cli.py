@@ -73,6 +73,8 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--control", nargs="?", const="tcp://127.0.0.1:5557", metavar="ENDPOINT",
                    help="serve `stream ctl` on ENDPOINT (default tcp://127.0.0.1:5557) and keep running after the "
                         "sources end, until stopped")  # fmt: skip
+    p.add_argument("--curve-secret", metavar="FILE", help="the daemon's NAME.key_secret: CURVE on publish and control")
+    p.add_argument("--curve-clients", metavar="DIR", help="folder of the public .key files of the clients let in")
     p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
     p.add_argument("--log-format", choices=("text", "json"), help="text (default) or one JSON object per line")
@@ -100,6 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "loop": args.loop,
                 "metrics_port": args.metrics_port,
                 "control": args.control,
+                "curve_secret": args.curve_secret,
+                "curve_clients": args.curve_clients,
                 "progress": args.progress,
                 "log_level": args.log_level,
                 "log_format": args.log_format,
@@ -138,7 +142,13 @@ def _add_subscribe(sub: Any) -> None:
     p.add_argument("--json", action="store_true", help="one JSON object per line")
     p.add_argument("--until-eos", action="store_true", help="stop once every stream named by --stream has ended")
     p.add_argument("--timeout", type=float, metavar="S", help="fail if no message arrives for S seconds")
+    _add_curve_client(p)
     p.set_defaults(func=cmd_subscribe)
+
+
+def _add_curve_client(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--curve-server", metavar="FILE", help="the daemon's public NAME.key (CURVE)")
+    p.add_argument("--curve-secret", metavar="FILE", help="this client's NAME.key_secret (CURVE)")
 
 
 def format_line(msg: dict[str, Any]) -> str:
@@ -161,12 +171,16 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     _setup_logging("warning")
     try:
         for msg in iter_messages(args.endpoint, args.stream, count=args.count, until_eos=args.until_eos,
-                                 timeout_s=args.timeout):
+                                 timeout_s=args.timeout, curve_server=args.curve_server,
+                                 curve_secret=args.curve_secret):  # fmt: skip
             line = json.dumps(msg, separators=(",", ":")) if args.json else format_line(msg)
             print(line, flush=True)
     except TimeoutError as exc:
         print(f"stream subscribe: {exc}", file=sys.stderr)
         return 1
+    except StreamError as exc:
+        print(f"stream subscribe: {exc}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
@@ -179,6 +193,7 @@ def _add_ctl(sub: Any) -> None:
     p = sub.add_parser("ctl", help="add, remove or list the streams of a daemon started with --control")
     p.add_argument("--control", default="tcp://127.0.0.1:5557", metavar="ENDPOINT", help="the daemon's control endpoint")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
+    _add_curve_client(p)
     verbs = p.add_subparsers(dest="verb", required=True)
     add = verbs.add_parser("add", help="start a stream: ctl add ID SOURCE")
     add.add_argument("id")
@@ -198,14 +213,33 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     if args.verb == "add":
         req["source"] = args.source
     try:
-        reply = request(args.control, req, args.timeout)
-    except TimeoutError as exc:
+        reply = request(args.control, req, args.timeout, args.curve_server, args.curve_secret)
+    except (TimeoutError, StreamError) as exc:
         print(f"stream ctl: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(reply, indent=None if args.verb != "list" else 1))
     if not reply.get("ok"):
         print(f"stream ctl: {reply.get('error')}", file=sys.stderr)
         return 1
+    return 0
+
+
+# -- keys -----------------------------------------------------------------------------------------------------
+def _add_keys(sub: Any) -> None:
+    p = sub.add_parser("keys", help="CURVE key pairs for the publish and control endpoints")
+    verbs = p.add_subparsers(dest="verb", required=True)
+    g = verbs.add_parser("generate", help="write DIR/NAME.key (public) and DIR/NAME.key_secret")
+    g.add_argument("dir")
+    g.add_argument("name")
+    p.set_defaults(func=cmd_keys)
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    from .security import generate
+
+    public, secret = generate(args.dir, args.name)
+    print(f"public key: {public}  (give it to peers; clients' go in the daemon's --curve-clients folder)")
+    print(f"secret key: {secret}  (keep it private)")
     return 0
 
 
@@ -248,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_run(sub)
     _add_subscribe(sub)
     _add_ctl(sub)
+    _add_keys(sub)
     _add_export(sub)
     _add_sample(sub)
     return parser

@@ -20,10 +20,17 @@ import zmq
 import zmq.asyncio
 
 from .messages import decode
+from .security import make_client
 
 
-def _connect(ctx: zmq.Context, endpoints: str | Sequence[str], streams: Sequence[str] | None) -> zmq.Socket:
+def _connect(
+    ctx: zmq.Context,
+    endpoints: str | Sequence[str],
+    streams: Sequence[str] | None,
+    curve: tuple[str | None, str | None] = (None, None),
+) -> zmq.Socket:
     sock = ctx.socket(zmq.SUB)
+    make_client(sock, *curve)
     sock.setsockopt(zmq.RCVHWM, 0)  # the subscriber keeps everything it is sent
     sock.setsockopt(zmq.LINGER, 0)
     for topic in streams or [""]:
@@ -73,14 +80,17 @@ async def subscribe(
     until_eos: bool = False,
     expect: int | None = None,
     timeout_s: float | None = None,
+    curve_server: str | None = None,
+    curve_secret: str | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """Yield messages from the endpoints. Topics match stream ids by prefix, as ZeroMQ does.
 
     Stops after `count` messages, after every stream ended (until_eos), or raises TimeoutError when no
-    message arrives for timeout_s.
+    message arrives for timeout_s. curve_server (the daemon's public .key file) and curve_secret (this
+    client's .key_secret) connect to a daemon that runs with CURVE.
     """
     ctx = zmq.asyncio.Context()
-    sock = _connect(ctx, endpoints, streams)
+    sock = _connect(ctx, endpoints, streams, (curve_server, curve_secret))
     feed = _Feed(streams, count, until_eos, expect)
     try:
         while not feed.done:
@@ -103,10 +113,12 @@ def iter_messages(
     until_eos: bool = False,
     expect: int | None = None,
     timeout_s: float | None = None,
+    curve_server: str | None = None,
+    curve_secret: str | None = None,
 ) -> Iterator[dict[str, Any]]:
     """The blocking twin of subscribe()."""
     ctx = zmq.Context()
-    sock = _connect(ctx, endpoints, streams)
+    sock = _connect(ctx, endpoints, streams, (curve_server, curve_secret))
     feed = _Feed(streams, count, until_eos, expect)
     wait_ms = int(timeout_s * 1000) if timeout_s is not None else -1
     try:

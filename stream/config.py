@@ -51,6 +51,8 @@ class Config:
     metrics_port: int = 0  # 0: no metrics server
     metrics_host: str = "127.0.0.1"
     control: str = ""  # control endpoint; "": none (the run ends with its sources)
+    curve_secret: str = ""  # the daemon's NAME.key_secret: CURVE on publish and control
+    curve_clients: str = ""  # folder of the clients' public .key files
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -75,6 +77,8 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "metrics_port": (int, None, (0, 65_535)),
     "metrics_host": (str, None, None),
     "control": (str, None, None),
+    "curve_secret": (str, None, None),
+    "curve_clients": (str, None, None),
 }
 _SOURCE_KEYS = {"id", "path", "loop"}
 

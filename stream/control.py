@@ -22,6 +22,7 @@ import zmq.asyncio
 
 from .config import SourceSpec
 from .errors import PublishError, StreamError
+from .security import ServerKeys, make_client, make_server, start_authenticator
 from .sources import expand
 
 if TYPE_CHECKING:
@@ -60,16 +61,20 @@ def handle(runner: Runner, req: Any) -> dict[str, Any]:
 
 
 class ControlServer:
-    def __init__(self, endpoint: str, runner: Runner) -> None:
+    def __init__(self, endpoint: str, runner: Runner, keys: ServerKeys | None = None) -> None:
         self.endpoint = endpoint
         self.runner = runner
+        self.keys = keys
+        self._auth: Any = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self._auth = start_authenticator(self._ctx, self.keys)
         sock = self._ctx.socket(zmq.REP)
+        make_server(sock, self.keys)
         sock.setsockopt(zmq.LINGER, 0)
         try:
             sock.bind(self.endpoint)
@@ -99,16 +104,25 @@ class ControlServer:
             await asyncio.gather(self._task, return_exceptions=True)
         if self._sock is not None:
             self._sock.close(0)
+        if self._auth is not None:
+            self._auth.stop()
         if self._ctx is not None:
             self._ctx.term()
 
 
-def request(endpoint: str, req: dict[str, Any], timeout_s: float = 5.0) -> dict[str, Any]:
+def request(
+    endpoint: str,
+    req: dict[str, Any],
+    timeout_s: float = 5.0,
+    curve_server: str | None = None,
+    curve_secret: str | None = None,
+) -> dict[str, Any]:
     """Send one request to a daemon's control endpoint (blocking); TimeoutError if it does not answer."""
     ctx = zmq.Context()
     sock = ctx.socket(zmq.REQ)
     sock.setsockopt(zmq.LINGER, 0)
     try:
+        make_client(sock, curve_server, curve_secret)
         sock.connect(endpoint)
         sock.send(json.dumps(req).encode())
         if not sock.poll(int(timeout_s * 1000)):

@@ -401,11 +401,13 @@ async def run(
 ) -> RunResult:
     """Run every source of cfg to its end. Raises StreamError for whole-run faults (model, device, endpoint)."""
     from .infer import choose_device
+    from .security import server_keys
 
     sources, info = resolve(cfg)
+    keys = server_keys(cfg.curve_secret, cfg.curve_clients)
     device = choose_device(cfg.device, cfg.device_id)
     engine = await asyncio.to_thread(make_engine, device, info, cfg)
-    publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s)
+    publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s, keys=keys)
     metrics = Metrics() if cfg.metrics_port else None
     control = None
     try:
@@ -425,7 +427,7 @@ async def run(
         if cfg.control:
             from .control import ControlServer
 
-            control = ControlServer(cfg.control, runner)
+            control = ControlServer(cfg.control, runner, keys)
             control.start()
         if on_ready:
             on_ready(runner)

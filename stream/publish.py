@@ -17,12 +17,17 @@ import zmq.asyncio
 
 from . import messages
 from .errors import PublishError
+from .security import ServerKeys, make_server, start_authenticator
 
 log = logging.getLogger(__name__)
 
 
 class Publisher:
-    def __init__(self, endpoint: str, fmt: str = "json", hwm: int = 100_000, linger_s: float = 10.0) -> None:
+    def __init__(
+        self, endpoint: str, fmt: str = "json", hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None
+    ) -> None:
+        self.keys = keys
+        self._auth: object | None = None
         self.endpoint = endpoint
         self.fmt = fmt
         self.hwm = hwm
@@ -37,7 +42,9 @@ class Publisher:
 
     async def start(self) -> None:
         self._ctx = zmq.asyncio.Context()
+        self._auth = start_authenticator(self._ctx, self.keys)
         sock = self._ctx.socket(zmq.XPUB)
+        make_server(sock, self.keys)
         sock.setsockopt(zmq.SNDHWM, self.hwm)
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription, also repeated topics, reaches us
         sock.setsockopt(zmq.LINGER, int(self.linger_s * 1000))
@@ -99,6 +106,9 @@ class Publisher:
         if self._sock is not None:
             self._sock.close()  # LINGER lets queued messages leave first
             self._sock = None
+        if self._auth is not None:
+            self._auth.stop()  # type: ignore[attr-defined]
+            self._auth = None
         if self._ctx is not None:
             # term() waits (up to LINGER) for queued messages to leave: keep that off the loop
             await asyncio.to_thread(self._ctx.term)

@@ -54,12 +54,12 @@ def model_info(model_path: Path) -> Any:
 class Collector:
     """A real ZeroMQ SUB socket on a thread, collecting decoded messages until `streams` have all ended."""
 
-    def __init__(self, endpoint: str, expect_streams: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, endpoint: str, expect_streams: int, timeout_s: float = 120.0, **client: Any) -> None:
         from stream.client import iter_messages
 
         self.messages: list[dict[str, Any]] = []
         self.error: BaseException | None = None
-        self._iter = iter_messages(endpoint, until_eos=True, expect=expect_streams, timeout_s=timeout_s)
+        self._iter = iter_messages(endpoint, until_eos=True, expect=expect_streams, timeout_s=timeout_s, **client)
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
