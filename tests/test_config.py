@@ -94,3 +94,47 @@ def test_every_key_documented_in_default_config() -> None:
     text = (Path(__file__).resolve().parent.parent / "configs" / "default.toml").read_text()
     for key in config.known_keys():
         assert f"{key} =" in text or f"# {key} =" in text, key
+
+
+# -- property tests: any valid file loads to exactly its values; any unknown key is named ------------------
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+VALID = {
+    "device": st.sampled_from(config.DEVICES),
+    "format": st.sampled_from(config.FORMATS),
+    "buffers": st.integers(1, 8),
+    "queue_batches": st.integers(1, 64),
+    "wait_subscribers": st.integers(0, 10_000),
+    "linger_s": st.floats(0, 3600, allow_nan=False),
+    "loop": st.booleans(),
+    "metrics_port": st.integers(0, 65_535),
+    "log_level": st.sampled_from(config.LOG_LEVELS),
+    "publish": st.from_regex(r"tcp://127\.0\.0\.1:[1-9][0-9]{3}", fullmatch=True),
+}
+
+
+def toml_value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return '"' + v.replace("\\\\", "\\\\\\\\").replace('"', '\\\\"') + '"'
+    return repr(v)
+
+
+@given(st.fixed_dictionaries({}, optional=VALID))
+def test_any_valid_config_loads_to_its_values(tmp_path_factory: pytest.TempPathFactory, values: dict) -> None:
+    p = tmp_path_factory.mktemp("cfg") / "c.toml"
+    p.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in values.items()))
+    cfg = config.load(p)
+    for k, v in values.items():
+        assert getattr(cfg, k) == v
+
+
+@given(st.from_regex(r"[a-z][a-z_]{0,20}", fullmatch=True).filter(lambda k: k not in config.known_keys()))
+def test_any_unknown_key_is_named(tmp_path_factory: pytest.TempPathFactory, key: str) -> None:
+    p = tmp_path_factory.mktemp("cfg") / "c.toml"
+    p.write_text(f"{key} = 1\n")
+    with pytest.raises(ConfigError) as err:
+        config.load(p)
+    assert f"'{key}'" in str(err.value) and str(p) in str(err.value)
