@@ -53,6 +53,8 @@ class Config:
     control: str = ""  # control endpoint; "": none (the run ends with its sources)
     curve_secret: str = ""  # the daemon's NAME.key_secret: CURVE on publish and control
     curve_clients: str = ""  # folder of the clients' public .key files
+    control_roots: tuple[str, ...] = ()  # folders `stream ctl add` may read files under; none: no files
+    control_schemes: tuple[str, ...] = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt")
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -79,6 +81,8 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "control": (str, None, None),
     "curve_secret": (str, None, None),
     "curve_clients": (str, None, None),
+    "control_roots": (list, None, None),
+    "control_schemes": (list, None, None),
 }
 _SOURCE_KEYS = {"id", "path", "loop"}
 
@@ -92,6 +96,10 @@ def check_value(key: str, value: Any, origin: str) -> Any:
     if key not in _RULES:
         raise ConfigError(f"unknown key {_where(origin, key)}; known keys: sources, {', '.join(sorted(_RULES))}")
     kind, allowed, bounds = _RULES[key]
+    if kind is list:
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
+            raise ConfigError(f"{_where(origin, key)} must be a list of non-empty strings, got {value!r}")
+        return tuple(value)
     if kind is bool:
         if not isinstance(value, bool):
             raise ConfigError(f"{_where(origin, key)} must be true or false, got {value!r}")

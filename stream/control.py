@@ -23,7 +23,7 @@ import zmq.asyncio
 from .config import SourceSpec
 from .errors import PublishError, StreamError
 from .security import ServerKeys, make_client, make_server, start_authenticator
-from .sources import expand
+from .sources import Source, expand, redact, scheme_of
 
 if TYPE_CHECKING:
     from .pipeline import Runner
@@ -46,6 +46,9 @@ def handle(runner: Runner, req: Any) -> dict[str, Any]:
             if not isinstance(sid, str) or not sid or not isinstance(source, str) or not source:
                 return {"ok": False, "error": 'add needs "id" and "source" strings'}
             srcs = expand([SourceSpec(sid, source)])
+            refusal = refuse(runner.cfg.control_roots, runner.cfg.control_schemes, srcs)
+            if refusal:
+                return {"ok": False, "error": refusal}
             for src in srcs:
                 runner.add(src)
             return {"ok": True, "added": [s.id for s in srcs]}
@@ -58,6 +61,29 @@ def handle(runner: Runner, req: Any) -> dict[str, Any]:
     except StreamError as exc:
         return {"ok": False, "error": str(exc)}
     return {"ok": False, "error": f"unknown command {cmd!r}; use list, add or remove"}
+
+
+def refuse(roots: tuple[str, ...], schemes: tuple[str, ...], srcs: list[Source]) -> str | None:
+    """Why `ctl add` may not open these sources, or None. Files must resolve (symlinks and '..' followed)
+    under one of `roots`; URLs must use one of `schemes`."""
+    from pathlib import Path
+
+    resolved_roots = [Path(r).expanduser().resolve() for r in roots]
+    for src in srcs:
+        scheme = scheme_of(src.location)
+        if src.live:
+            if scheme not in schemes:
+                return (f"stream {src.id}: URL scheme {scheme!r} is not allowed for `stream ctl add` "
+                        f"(allowed: {', '.join(schemes) or 'none'}; set control_schemes in the config)")  # fmt: skip
+            continue
+        if not resolved_roots:
+            return (f"stream {src.id}: `stream ctl add` opens no files here; list the folders it may read "
+                    f"in control_roots in the config")  # fmt: skip
+        path = Path(src.location).expanduser().resolve()
+        if not any(path.is_relative_to(root) for root in resolved_roots):
+            return (f"stream {src.id}: {redact(src.location)} is outside the folders `stream ctl add` may read "
+                    f"({', '.join(roots)}; control_roots in the config)")  # fmt: skip
+    return None
 
 
 class ControlServer:

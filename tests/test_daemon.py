@@ -80,7 +80,8 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
 
     endpoint, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     cfg = tmp_path / "run.toml"
-    cfg.write_text(f'sources = [{{id = "c", path = "{videos["plain"]}", loop = true}}]\nprogress = "off"\n')
+    roots = f'control_roots = ["{videos["plain"].parent}"]\n'
+    cfg.write_text(f'sources = [{{id = "c", path = "{videos["plain"]}", loop = true}}]\nprogress = "off"\n' + roots)
     col = Collector(endpoint, expect_streams=99)
     proc = subprocess.Popen(
         [sys.executable, "-m", "stream", "run", "--config", str(cfg), "--device", "cpu", "--publish", endpoint,
@@ -97,6 +98,8 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
         assert code == 0 and json.loads(out) == {"ok": True, "added": ["b"]}
         code, _, err = ctl(control, "add", "c", str(videos["plain"]))
         assert code == 1 and "already running" in err
+        code, _, err = ctl(control, "add", "x", "/etc/hostname")
+        assert code == 1 and "outside the folders" in err
         code, _, err = ctl(control, "remove", "nope")
         assert code == 1 and "no running stream nope" in err
         wait_for(lambda: ended("b"))
@@ -104,7 +107,7 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
         listing = {s["id"]: s for s in json.loads(out)["streams"]}
         assert listing["b"]["state"] == "completed" and listing["c"]["state"] == "streaming"
         # SIGHUP: the config now names d instead of c
-        cfg.write_text(f'sources = [{{id = "d", path = "{videos["plain"]}"}}]\nprogress = "off"\n')
+        cfg.write_text(f'sources = [{{id = "d", path = "{videos["plain"]}"}}]\nprogress = "off"\n' + roots)
         proc.send_signal(signal.SIGHUP)
         wait_for(lambda: ended("c") and ended("d"))
         time.sleep(1.0)
@@ -123,3 +126,27 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
         assert by[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(dets)}, sid
     assert len([m for m in by["b"] if m["type"] == "detections"]) == decoded_frames(videos["bframes"])
     assert len([m for m in by["d"] if m["type"] == "detections"]) == decoded_frames(videos["plain"])
+
+
+def test_ctl_add_refusals(tmp_path: Path) -> None:
+    from stream.control import refuse
+    from stream.sources import Source
+
+    root = tmp_path / "videos"
+    root.mkdir()
+    (root / "a.mp4").write_bytes(b"x")
+    outside = tmp_path / "secret.mp4"
+    outside.write_bytes(b"x")
+    (root / "link.mp4").symlink_to(outside)
+    roots = (str(root),)
+    schemes = ("rtsp",)
+    assert refuse(roots, schemes, [Source("a", str(root / "a.mp4"))]) is None
+    assert refuse(roots, schemes, [Source("r", "rtsp://cam/1", live=True)]) is None
+    for src, words in [
+        (Source("x", str(root / ".." / "secret.mp4")), "outside"),
+        (Source("x", str(root / "link.mp4")), "outside"),
+        (Source("x", "http://host/x", live=True), "scheme 'http'"),
+    ]:
+        why = refuse(roots, schemes, [src])
+        assert why and words in why and "stream x" in why, why
+    assert "opens no files" in (refuse((), schemes, [Source("a", str(root / "a.mp4"))]) or "")
