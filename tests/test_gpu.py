@@ -207,3 +207,19 @@ def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], mod
             compared += sum(d["score"] >= floor for d in ref) + sum(d["score"] >= floor for d in got[i])
     print(f"gpu pipeline vs reference on DALI frames: {missed} of {compared} unmatched")
     assert compared > 100 and missed <= 0.01 * compared, f"{missed} of {compared} detections unmatched"
+
+
+def test_hevc_decodes_on_nvdec(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import av
+
+    from stream.sample import make_sample_video
+
+    hevc = make_sample_video(tmp_path / "hevc.mp4", width=640, height=360, seconds=2.0, codec="libx265")
+    caplog.set_level(logging.INFO)
+    result, msgs = collect_run([str(hevc)], ep(), device="cuda")
+    assert "on the CPU with PyAV" not in caplog.text, "HEVC fell back to CPU decoding"
+    with av.open(str(hevc)) as c:
+        n = sum(1 for _ in c.decode(video=0))
+    assert result.stats["hevc"].state == "completed"
+    assert [m["frame"] for m in msgs["hevc"][:-1]] == list(range(n))
+    assert msgs["hevc"][-1] == {"v": 1, "type": "eos", "stream": "hevc", "frames": n}
