@@ -18,6 +18,7 @@ DEVICES = ("auto", "cpu", "cuda")
 FORMATS = ("json", "msgpack")
 PROGRESS = ("auto", "on", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
+RTSP_TRANSPORTS = ("tcp", "udp")
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,14 @@ class Config:
     curve_clients: str = ""  # folder of the clients' public .key files
     control_roots: tuple[str, ...] = ()  # folders `stream ctl add` may read files under; none: no files
     control_schemes: tuple[str, ...] = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt")
+    # live feeds (stream/live.py)
+    rtsp_transport: str = "tcp"  # TCP: no lost UDP packets, passes NAT and firewalls
+    reconnect_initial_s: float = 0.5  # first wait before reconnecting; doubles per failure in a row
+    reconnect_max_s: float = 10.0  # the cap on that wait
+    stall_timeout_s: float = 5.0  # no frame for this long: "stalled", reconnect (also the connect timeout)
+    max_reconnects: int = 0  # reconnects in a row without a frame before the stream fails; 0: forever
+    max_staleness_ms: int = 500  # a live frame older than this when batched is dropped
+    batch_timeout_ms: int = 50  # a partial live batch is handed out once its first frame is this old
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -83,6 +92,13 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "curve_clients": (str, None, None),
     "control_roots": (list, None, None),
     "control_schemes": (list, None, None),
+    "rtsp_transport": (str, RTSP_TRANSPORTS, None),
+    "reconnect_initial_s": ((int, float), None, (0.01, 600)),
+    "reconnect_max_s": ((int, float), None, (0.01, 3_600)),
+    "stall_timeout_s": ((int, float), None, (0.2, 600)),
+    "max_reconnects": (int, None, (0, 1_000_000)),
+    "max_staleness_ms": (int, None, (1, 600_000)),
+    "batch_timeout_ms": (int, None, (0, 60_000)),
 }
 _SOURCE_KEYS = {"id", "path", "loop"}
 
