@@ -10,6 +10,9 @@ Decision record:
   touches the others (every per-stream exception is caught in its own task).
 - The engine is shared by all streams; only the loop touches the ZeroMQ socket.
 - First SIGINT/SIGTERM: stop reading, publish what is in flight and an `eos` per stream; a second one cancels.
+- Live sources report state changes from their own reader thread; `_watch_live` carries them onto the loop
+  (call_soon_threadsafe into a queue, so the status messages keep their order) and closes the source when
+  the run or the stream is stopped: a live source never ends by itself, and may be waiting on a reconnect.
 """
 
 from __future__ import annotations
@@ -123,6 +126,10 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
                 "stream %s: %s %s is not decoded by NVDEC here (it takes %s in 4:2:0); decoding on the CPU with PyAV",
                 src.id, vi.codec, vi.pix_fmt, "/".join(sorted(DALI_CODECS)),
             )
+    if src.live:  # CPU decode on every device: the CUDA engine uploads host batches
+        from .live import LiveBatchSource
+
+        return LiveBatchSource(src, info, cfg, pool=pool)
     from .preprocess import HostBatchSource
 
     return HostBatchSource(src, info, pool=pool)
@@ -230,10 +237,15 @@ class Runner:
             await inflight.put(None)
 
         producer: asyncio.Task[None] | None = None
+        watcher: asyncio.Task[None] | None = None
         try:
             bsrc = await loop.run_in_executor(io, self._factory, src)
             st.expected = bsrc.frames_expected
-            st.state = "streaming"
+            if src.live and hasattr(bsrc, "on_state"):
+                states = self._hook_live(st, bsrc)
+                watcher = asyncio.create_task(self._watch_live(st, bsrc, stop, states), name=f"live-{src.id}")
+            else:
+                st.state = "streaming"
             if self.metrics is not None:
                 self.metrics.up.labels(st.id).set(1)
             if self.progress:
@@ -252,6 +264,9 @@ class Runner:
                     self.metrics.queue_depth.labels(st.id).set(inflight.qsize())
                 for res in results:
                     await self._publish(st, res)
+            if watcher is not None:  # no status after the eos
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
             st.state = "completed"
             st.ended_at = time.perf_counter()
             await self.publisher.send(messages.eos(st.id, st.frames))
@@ -260,6 +275,9 @@ class Runner:
             st.state, st.error = "cancelled", "cancelled"
             raise
         except Exception as exc:
+            if watcher is not None:
+                watcher.cancel()
+                await asyncio.gather(watcher, return_exceptions=True)
             st.state = "failed"
             st.ended_at = time.perf_counter()
             st.error = str(exc) if isinstance(exc, StreamError) else f"stream {src.id}: internal error: {exc!r}"
@@ -268,6 +286,8 @@ class Runner:
             log.error("%s", st.error)
             await self.publisher.send(messages.status(st.id, "failed", st.error, frames=st.frames))
         finally:
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
             if self.metrics is not None:
                 self.metrics.up.labels(st.id).set(0)
             if bsrc is not None:
@@ -277,6 +297,58 @@ class Runner:
                 await asyncio.gather(producer, return_exceptions=True)
             await self._drain(inflight)
             io.shutdown(wait=False, cancel_futures=True)
+
+    def _hook_live(self, st: StreamStats, bsrc: Any) -> asyncio.Queue[tuple[str, str | None] | None]:
+        """Wire a live source's callbacks (before it is iterated): states into a queue on the loop, metrics."""
+        loop = asyncio.get_running_loop()
+        states: asyncio.Queue[tuple[str, str | None] | None] = asyncio.Queue()
+
+        def on_state(state: str, error: str | None) -> None:  # reader thread
+            def put() -> None:
+                states.put_nowait((state, error))
+
+            try:
+                loop.call_soon_threadsafe(put)
+            except RuntimeError:  # the loop is closed: the run is over
+                pass
+
+        bsrc.on_state = on_state
+        if self.metrics is not None:
+            dropped, reconnects = self.metrics.dropped, self.metrics.reconnects
+            bsrc.on_drop = lambda reason, n: dropped.labels(st.id, reason).inc(n)
+            bsrc.on_reconnect = lambda: reconnects.labels(st.id).inc()
+        return states
+
+    async def _watch_live(
+        self, st: StreamStats, bsrc: Any, stop: asyncio.Event, states: asyncio.Queue[tuple[str, str | None] | None]
+    ) -> None:
+        """Publish a live source's state changes as `status` messages; close the source when stopped."""
+
+        async def stopped() -> None:
+            waits = [asyncio.ensure_future(self._stopping.wait()), asyncio.ensure_future(stop.wait())]
+            try:
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+            bsrc.close()
+
+        closer = asyncio.create_task(stopped())
+        try:
+            while True:
+                item = await states.get()
+                if item is None:
+                    return
+                state, error = item
+                if state == "failed":  # _run_stream publishes the failure itself, with the frame count
+                    continue
+                st.state = state
+                st.error = None if state == "streaming" else error
+                await self.publisher.send(messages.status(st.id, state, error, frames=st.frames))
+        finally:
+            closer.cancel()
+            if not closer.done():
+                await asyncio.gather(closer, return_exceptions=True)
 
     @staticmethod
     async def _drain(inflight: asyncio.Queue[Any]) -> None:
