@@ -295,3 +295,48 @@ def test_credentials_never_leak(server: RtspServer, tmp_path: Path) -> None:
     wire = json.dumps([m for _, m in sub.items])
     for where, text in (("log", err), ("stdout", out), ("messages", wire), ("ctl list", r.stdout + r.stderr)):
         assert "secret" not in text, where
+
+
+def test_stale_frames_are_dropped_and_counted(server: RtspServer, tmp_path: Path) -> None:
+    """Latest-wins: with a staleness budget no frame can meet, every frame is dropped, counted, never queued."""
+    import urllib.request
+
+    endpoint, mport = f"tcp://127.0.0.1:{free_port()}", free_port()
+    sub = Timed(endpoint, expect=1)
+    proc = start_run(endpoint, [f"cam={server.url()}"], "--config", live_config(tmp_path, max_staleness_ms=1),
+                     "--metrics-port", str(mport))
+
+    def stale() -> float:
+        try:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
+        except OSError:  # the daemon has not started its metrics server yet
+            return 0.0
+        rows = [r for r in text.splitlines()
+                if r.startswith("stream_dropped_frames_total{") and 'reason="stale"' in r and 'stream="cam"' in r]
+        return float(rows[0].split()[-1]) if rows else 0.0
+
+    try:
+        wait_for(lambda: stale() >= 30, 60, "30 stale drops")
+        dropped = stale()
+        took, _, err = stop_run(proc)
+    finally:
+        proc.kill()
+    sub.join()
+    assert proc.returncode == 0, err
+    assert len(sub.frames("cam")) < 0.2 * dropped, "stale frames were published instead of dropped"
+
+
+def test_max_reconnects_fails_the_stream_alone(videos: dict[str, Path], tmp_path: Path) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sub = Timed(endpoint, expect=2)
+    cfg = live_config(tmp_path, max_reconnects=2, reconnect_initial_s=0.2, reconnect_max_s=0.5)
+    proc = start_run(endpoint, [f"gone=rtsp://127.0.0.1:{free_port()}/x", f"file={videos['plain']}"], "--config", cfg)
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    sub.join()
+    assert proc.returncode == 1, err
+    states = [s for _, s, _ in sub.states("gone")]
+    assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", states
+    assert sub.of("file", "eos") and len(sub.frames("file")) == sub.of("file", "eos")[0]["frames"]
