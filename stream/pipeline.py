@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from . import messages
 from .config import Config
-from .errors import StreamError
+from .errors import SourceError, StreamError
 from .frames import Batch, BatchSource, Engine, FrameResult
 from .metrics import Metrics
 from .model import ModelInfo, default_model_path, load_info
@@ -128,6 +128,15 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
             )
     if src.live:  # CPU decode on every device: the CUDA engine uploads host batches
         from .live import LiveBatchSource
+        from .sources import LIVE_SCHEMES, scheme_of
+
+        scheme = scheme_of(src.location)
+        if scheme not in LIVE_SCHEMES:
+            raise SourceError(
+                f"stream {src.id}: unknown URL scheme {scheme!r} in {redact(src.location)}; "
+                f"stream reads {', '.join(LIVE_SCHEMES)} URLs and file paths",
+                stream=src.id,
+            )
 
         return LiveBatchSource(src, info, cfg, pool=pool)
     from .preprocess import HostBatchSource
@@ -186,7 +195,7 @@ class Runner:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: ok while the run is going and not stopping."""
-        states = {sid: st.state for sid, st in self.stats.items()}
+        states = {sid: st.state for sid, st in list(self.stats.items())}  # read from the metrics thread
         ok = self.running and not self._stopping.is_set()
         return ok, {"running": self.running, "stopping": self._stopping.is_set(), "streams": states}
 

@@ -99,3 +99,17 @@ def test_missing_model_exit_2(tmp_path: Path) -> None:
     proc = run_cli(["run", "--model", str(tmp_path / "nope.onnx"), "--device", "cpu", "--progress", "off"])
     assert proc.returncode == 2
     assert "nope.onnx" in proc.stderr and "no such file" in proc.stderr
+
+
+def test_unknown_url_scheme_fails_alone(videos: dict[str, Path], model_info: Any) -> None:
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    col = Collector(endpoint, expect_streams=2)
+    proc = run_cli(["run", "--source", f"good={videos['plain']}", "--source", "odd=gopher://user:pw@host/x",
+                    "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"])
+    col.join()
+    by = col.by_stream()
+    assert proc.returncode == 1
+    check_stream(by["good"], "good", videos["plain"], model_info.label_names)
+    last = by["odd"][-1]
+    assert last["state"] == "failed" and "unknown URL scheme 'gopher'" in last["error"] and "pw" not in last["error"]
+    assert "pw@" not in proc.stderr
