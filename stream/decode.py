@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import DecodeError, SourceError
+from .errors import DecodeError, SourceError, first_line
 from .frames import FrameMeta
 from .sources import Source, redact
 
@@ -34,9 +34,6 @@ class VideoInfo:
     fps: float | None
     pix_fmt: str | None = None
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
 def open_container(src: Source):  # -> av.container.InputContainer
@@ -58,7 +55,7 @@ def open_container(src: Source):  # -> av.container.InputContainer
         raise SourceError(f"{where} does not exist; check the path", stream=src.id) from exc
     except (av.error.FFmpegError, OSError) as exc:
         raise SourceError(
-            f"{where} cannot be opened as a video ({_first_line(exc)}); it may be truncated, corrupt or not a video",
+            f"{where} cannot be opened as a video ({first_line(exc)}); it may be truncated, corrupt or not a video",
             stream=src.id,
         ) from exc
     if not container.streams.video:
@@ -118,7 +115,7 @@ def iter_rgb(src: Source, *, threads: bool = True) -> Iterator[tuple[FrameMeta, 
                 yield meta, rgb
         except av.error.FFmpegError as exc:
             raise DecodeError(
-                f"stream {src.id}: decoding {redact(src.location)} failed after {index} frames ({_first_line(exc)}); "
+                f"stream {src.id}: decoding {redact(src.location)} failed after {index} frames ({first_line(exc)}); "
                 f"the file is corrupt or truncated: re-encode or re-copy it",
                 stream=src.id,
             ) from exc

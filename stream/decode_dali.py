@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from .decode import VideoInfo
-from .errors import DecodeError
+from .errors import DecodeError, first_line
 from .frames import Batch, FrameMeta
 from .model import ModelInfo
 from .sources import Source
@@ -37,9 +37,6 @@ log = logging.getLogger(__name__)
 DALI_CODECS = {"h264", "hevc"}
 DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:4:4 H.264 it does not)
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
 
 
 def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int = 2) -> Any:
@@ -104,7 +101,7 @@ class DaliBatchSource:
             self._epoch = int(self._pipe.epoch_size("reader"))
         except Exception as exc:  # DALI raises RuntimeError with the C++ message
             raise DecodeError(
-                f"stream {src.id}: DALI cannot decode file {src.location} on the GPU ({_first_line(exc)})",
+                f"stream {src.id}: DALI cannot decode file {src.location} on the GPU ({first_line(exc)})",
                 stream=src.id,
             ) from exc
 
@@ -139,7 +136,7 @@ class DaliBatchSource:
             except Exception as exc:
                 raise DecodeError(
                     f"stream {self.stream}: NVDEC decoding of file {self.src.location} failed after {index} frames "
-                    f"({_first_line(exc)}); the file is corrupt or truncated: re-encode or re-copy it",
+                    f"({first_line(exc)}); the file is corrupt or truncated: re-encode or re-copy it",
                     stream=self.stream,
                 ) from exc
             valid = [i for i, n in enumerate(nums) if n >= 0]

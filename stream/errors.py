@@ -50,3 +50,8 @@ class PublishError(StreamError):
 
 class DeviceError(StreamError):
     """The requested device is not available on this machine."""
+
+
+def first_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of a third-party exception's message, cut to `limit`: enough to say what went wrong."""
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:limit]

@@ -11,15 +11,12 @@ import os
 
 import numpy as np
 
-from .errors import DeviceError, InferenceError, ModelError
+from .errors import DeviceError, InferenceError, ModelError, first_line
 from .frames import Batch, FrameResult, pack_detections, split_results
 from .model import ModelInfo
 
 log = logging.getLogger(__name__)
 
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).splitlines() or [type(exc).__name__])[0][:400]
 
 
 def session_options(threads: int | None = None):  # -> ort.SessionOptions
@@ -47,7 +44,7 @@ class CpuEngine:
                 str(info.path), session_options(threads or os.cpu_count()), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
-            raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {_first_line(exc)}") from exc
+            raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
         self._sizes = np.zeros((info.batch, 2), np.int64)
 
     def infer(self, batch: Batch) -> list[FrameResult]:
@@ -57,7 +54,7 @@ class CpuEngine:
         except Exception as exc:
             raise InferenceError(
                 f"stream {batch.stream}: model {info.path.name} failed on frames "
-                f"{batch.frames[0].index}-{batch.frames[-1].index}: {_first_line(exc)}"
+                f"{batch.frames[0].index}-{batch.frames[-1].index}: {first_line(exc, 400)}"
             ) from exc
         finally:
             batch.done()
@@ -85,7 +82,7 @@ def cuda_unavailable_reason(device_id: int = 0) -> str | None:
     except ImportError:
         return "cupy is not installed (install the 'gpu' extra)"
     except Exception as exc:
-        return f"no CUDA device is usable ({_first_line(exc)})"
+        return f"no CUDA device is usable ({first_line(exc, 400)})"
     if count <= device_id:
         return f"CUDA device {device_id} does not exist ({count} found)"
     try:
