@@ -14,7 +14,12 @@ Decision record:
   output alive until inference is done.
 - Resize is bilinear without antialiasing, to float32, like the CPU path (OpenCV INTER_LINEAR on float) and
   torchvision: no rounding to uint8 between resize and normalize.
-- frame numbers and timestamps are a few bytes per batch; they are the only things read back to the host.
+- frame numbers, timestamps and the decoded frame size are a few bytes per batch; they are the only things
+  read back to the host. The size comes from the decoder's output (not the container's header), so boxes
+  map to the right pixels even where a file's resolution changes.
+- Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
+  the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
+  lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:
 
 
 
-def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int = 2) -> Any:
+def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int = 2, sizes: bool = True) -> Any:
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -60,6 +65,7 @@ def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int 
             random_shuffle=False,
             name="reader",
         )
+        shape = video.shape() if sizes else None  # [F, H, W, C] of the decoded frames, before the resize
         video = fn.resize(
             video, resize_x=info.width, resize_y=info.height, interp_type=types.INTERP_LINEAR, antialias=False,
             dtype=types.FLOAT,
@@ -67,7 +73,9 @@ def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int 
         video = fn.crop_mirror_normalize(
             video, dtype=out_type, output_layout="FCHW", mean=mean.tolist(), std=std.tolist()
         )
-        return video, frame_num, timestamps
+        if shape is None:
+            return video, frame_num, timestamps
+        return video, frame_num, timestamps, shape
 
     return pipe()
 
@@ -96,8 +104,13 @@ class DaliBatchSource:
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
         try:
-            self._pipe = build_pipeline(src.location, info, device_id)
-            self._pipe.build()
+            try:
+                self._pipe = build_pipeline(src.location, info, device_id)
+                self._pipe.build()
+            except Exception as exc:  # no shape output in this DALI: the header's size is used
+                log.debug("DALI pipeline with frame sizes failed (%s); building it without", first_line(exc))
+                self._pipe = build_pipeline(src.location, info, device_id, sizes=False)
+                self._pipe.build()
             self._epoch = int(self._pipe.epoch_size("reader"))
         except Exception as exc:  # DALI raises RuntimeError with the C++ message
             raise DecodeError(
@@ -123,7 +136,7 @@ class DaliBatchSource:
                 return
             try:
                 with cp.cuda.Device(self.device_id):
-                    video, frame_num, timestamps = self._pipe.run(self._cuda_stream)
+                    video, frame_num, timestamps, *shape = self._pipe.run(self._cuda_stream)
                     captured_at = time.time()
                     ready = cp.cuda.Event(block=False, disable_timing=True)
                     ready.record(self._cuda_stream)
@@ -133,12 +146,17 @@ class DaliBatchSource:
                     )
                     nums = _host_small(frame_num)
                     times = _host_small(timestamps)
+                    if shape:
+                        fhwc = _host_small(shape[0])
+                        if len(fhwc) == 4 and fhwc[1] > 0 and fhwc[2] > 0:
+                            height, width = int(fhwc[1]), int(fhwc[2])
             except Exception as exc:
-                raise DecodeError(
-                    f"stream {self.stream}: NVDEC decoding of file {self.src.location} failed after {index} frames "
-                    f"({first_line(exc)}); the file is corrupt or truncated: re-encode or re-copy it",
-                    stream=self.stream,
-                ) from exc
+                log.warning(
+                    "stream %s: NVDEC decoding of file %s failed after %d frames (%s); decoding the rest on the CPU",
+                    self.stream, self.src.location, index, first_line(exc),
+                )
+                yield from self._rest_on_cpu(index)
+                return
             valid = [i for i, n in enumerate(nums) if n >= 0]
             if valid != list(range(len(valid))):
                 raise DecodeError(f"stream {self.stream}: DALI returned frames out of order: {nums.tolist()}", stream=self.stream)
@@ -155,6 +173,31 @@ class DaliBatchSource:
                 f"frames its header declares; it is truncated: re-copy or re-encode it",
                 stream=self.stream,
             )
+
+    def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
+        """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
+        from .decode import iter_rgb
+        from .preprocess import HostPreprocessor
+
+        pre = HostPreprocessor(self.info)
+        data, frames = pre.new_batch(), []
+        try:
+            for meta, rgb in iter_rgb(self.src):
+                if self._closed:
+                    return
+                if meta.index < start:
+                    continue
+                pre.fill(data, len(frames), rgb)
+                frames.append(meta)
+                if len(frames) == self.info.batch:
+                    yield Batch(self.stream, frames, data)
+                    data, frames = pre.new_batch(), []
+        except DecodeError:  # what decoded before the error is still published; the error then fails the stream
+            if frames:
+                yield Batch(self.stream, frames, data)
+            raise
+        if frames:
+            yield Batch(self.stream, frames, data)
 
     def close(self) -> None:
         self._closed = True

@@ -30,6 +30,7 @@ class Batch:
     data: Any  # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device)
     ready: Any = None  # CUDA event recorded once data is written (device batches only)
     release: Callable[[], None] | None = None  # hands data's buffer back to its pool after inference
+    snap_rows: tuple[int, ...] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
 
     def done(self) -> None:
         if self.release is not None:
@@ -71,9 +72,20 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
+def snapshot_rows(batch: Batch, data: Any) -> dict[int, np.ndarray]:
+    """Host copies of the rows asked for in `batch.snap_rows` (a few per second at most: the status page)."""
+    out = {}
+    for r in batch.snap_rows:
+        if 0 <= r < len(batch.frames):
+            row = data[r]
+            out[r] = row.get() if hasattr(row, "get") and not isinstance(row, np.ndarray) else np.array(row)
+    return out
+
+
 def split_results(
     frames: list[FrameMeta],
     packed: np.ndarray,
+    snaps: dict[int, np.ndarray] | None = None,
 ) -> list[FrameResult]:
     """Host rows [N, 7] = x1 y1 x2 y2 score label batch_index (boxes already in source pixels) into results."""
     idx = packed[:, 6].astype(np.int64) if packed.size else np.zeros((0,), np.int64)
@@ -86,6 +98,7 @@ def split_results(
                 boxes=np.ascontiguousarray(rows[:, :4], dtype=np.float32),
                 scores=np.ascontiguousarray(rows[:, 4], dtype=np.float32),
                 labels=rows[:, 5].astype(np.int64),
+                extra={"input": snaps[i]} if snaps and i in snaps else {},
             )
         )
     return out

@@ -12,14 +12,18 @@ import os
 import numpy as np
 
 from .errors import DeviceError, InferenceError, ModelError, first_line
-from .frames import Batch, FrameResult, pack_detections, split_results
+from .frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
 from .model import ModelInfo
 
 log = logging.getLogger(__name__)
 
 
-
 def session_options(threads: int | None = None):  # -> ort.SessionOptions
+    """Session options for both engines.
+
+    Memory: ORT's CPU arena stays on (buffers are reused between runs; the CPU soak test runs 20,000 frames and
+    checks resident memory grows under 5% after warm-up). The CUDA provider's arena is set in infer_cuda.py.
+    """
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -49,6 +53,7 @@ class CpuEngine:
 
     def infer(self, batch: Batch) -> list[FrameResult]:
         info = self.info
+        snaps = snapshot_rows(batch, batch.data) if batch.snap_rows else None
         try:
             outs = self.session.run(info.output_names, {info.input_name: batch.data})
         except Exception as exc:
@@ -61,7 +66,7 @@ class CpuEngine:
         sizes = np.array([[m.width, m.height] for m in batch.frames], np.int64)
         bi = outs[3] if len(outs) > 3 else None
         packed = pack_detections(np, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), len(batch.frames))
-        return split_results(batch.frames, packed)
+        return split_results(batch.frames, packed, snaps)
 
     def close(self) -> None:
         self.session = None  # type: ignore[assignment]

@@ -11,6 +11,12 @@ Decision record:
   as owner). Boxes are mapped to source pixels and packed into one [N, 7] array on the slot's stream; that
   small array is the only device-to-host copy of a batch. The next run on a binding replaces its outputs, so
   a slot is handed back only after that copy.
+- Memory: each session keeps ORT's CUDA arena (allocations are reused run after run, which is what keeps
+  per-run cost low), with `arena_extend_strategy = kSameAsRequested`: outputs whose size changes every
+  frame (RetinaNet's box count) and the activations of a fixed-size batch then grow the arena by what is
+  asked for, not to the next power of two, so after the first batches of the largest shape the arena stops
+  growing. `stream_gpu_memory_bytes` shows device memory in use; the GPU soak in bench/RESULTS.md shows it
+  flat after warm-up. Provider options given to the engine override these.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .errors import DeviceError, InferenceError, ModelError
-from .frames import Batch, FrameResult, pack_detections, split_results
+from .frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
 from .infer import session_options
 from .model import ModelInfo
 
@@ -92,7 +98,11 @@ class CudaEngine:
         with cp.cuda.Device(device_id):
             for i in range(buffers):
                 stream = cp.cuda.Stream(non_blocking=True)
-                opts = {"device_id": str(device_id), "user_compute_stream": str(stream.ptr)}
+                opts = {
+                    "device_id": str(device_id),
+                    "user_compute_stream": str(stream.ptr),
+                    "arena_extend_strategy": "kSameAsRequested",
+                }
                 opts.update(provider_options or {})
                 try:
                     sess = ort.InferenceSession(
@@ -144,11 +154,12 @@ class CudaEngine:
                     cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), len(batch.frames)
                 )
                 host = download(packed, slot.stream)
+                snaps = snapshot_rows(batch, x) if batch.snap_rows else None  # after the download's sync
                 del outs, packed, x
         finally:
             batch.done()
             self._slots.put(slot)
-        return split_results(batch.frames, host)
+        return split_results(batch.frames, host, snaps)
 
     def close(self) -> None:
         with self._lock:

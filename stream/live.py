@@ -6,7 +6,10 @@ Decision record:
   reader drops frames instead (latest wins) and counts them in `dropped` by reason:
     "no_buffer"  every pooled batch array is taken (queued or in inference): the new frame is dropped;
     "stale"      a frame is older than `max_staleness_ms` when its batch is handed out.
-- A partial batch is handed out once its first frame is `batch_timeout_ms` old, so a batch-4 model does not
+- A partial batch is handed out as soon as the pipeline asks for one: waiting for a fuller batch happens in
+  one place, the pipeline's cross-stream batcher (stream/batcher.py), bounded by `batch_timeout_ms` from the
+  oldest frame's capture. While inference is busy the pipeline asks less often, so frames gather into fuller
+  batches by themselves; a batch-4 model does not
   add three frame intervals (or a whole outage) to the latency.
 - Timeouts that fire: PyAV's `timeout=(open_s, read_s)` (an interrupt callback, so it also covers a server
   that accepts the TCP connection and then says nothing) and, for RTSP, FFmpeg's own socket `timeout`
@@ -105,7 +108,6 @@ class LiveBatchSource:
     # -- consumer side (the pipeline's decode thread) -------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
         self._start()
-        flush_s = self.cfg.batch_timeout_ms / 1000.0
         while True:
             with self._cond:
                 while True:
@@ -114,17 +116,13 @@ class LiveBatchSource:
                     if self._ready:
                         pending = self._ready.popleft()
                         break
-                    wait = 0.5
                     p = self._filling
                     if p is not None and p.frames:
-                        age = time.time() - p.frames[0].captured_at
-                        if age >= flush_s:
-                            pending, self._filling = p, None
-                            break
-                        wait = flush_s - age
+                        pending, self._filling = p, None
+                        break
                     if self._error is not None:
                         raise self._error
-                    self._cond.wait(wait)
+                    self._cond.wait(0.5)
             batch = self._fresh(pending)
             if batch is not None:
                 yield batch

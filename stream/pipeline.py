@@ -21,6 +21,7 @@ import asyncio
 import logging
 import signal
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import messages
+from .batcher import Batcher
 from .config import Config
 from .errors import SourceError, StreamError
 from .frames import Batch, BatchSource, Engine, FrameResult
@@ -39,6 +41,8 @@ from .sources import Source, expand, redact
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[str, int, int | None], None]
+SNAPSHOT_EVERY_S = 0.25  # the status page's latest frame: at most this often, and only while someone looks
+WATCH_S = 5.0
 
 
 class Sink(Protocol):
@@ -58,11 +62,34 @@ class StreamStats:
     error: str | None = None
     started_at: float = field(default_factory=time.perf_counter)
     ended_at: float | None = None
+    dropped: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0
+    latencies: deque[float] = field(default_factory=lambda: deque(maxlen=1000))  # seconds, the latest frames
+    recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))  # (time, frames) for fps
+    watched_until: float = 0.0  # the status page asked for this stream's frames until then (monotonic)
+    snap_at: float = 0.0  # when the last snapshot was asked for
+    snapshot: tuple[Any, dict[str, Any]] | None = None  # (model-input row on the host, its message)
 
     @property
     def fps(self) -> float:
         end = self.ended_at or time.perf_counter()
         return self.frames / max(end - self.started_at, 1e-9)
+
+    def recent_fps(self) -> float:
+        """Frames per second over the last few seconds (0 once nothing arrives)."""
+        now = time.perf_counter()
+        pts = [(t, n) for t, n in list(self.recent) if now - t <= 5.0]
+        if self.ended_at is None and pts and now - pts[-1][0] > 2.0:
+            return 0.0
+        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
+            return 0.0 if self.ended_at is None or not self.frames else self.fps
+        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+
+    def latency_ms(self, q: float) -> float | None:
+        lat = sorted(self.latencies)
+        if not lat:
+            return None
+        return round(1000.0 * lat[min(len(lat) - 1, int(q * len(lat)))], 2)
 
 
 def sample_video_path() -> Path:
@@ -168,6 +195,8 @@ class Runner:
         self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
         self._factory = source_factory or (lambda s: make_source(s, info, engine.device, cfg))
         self._infer = ThreadPoolExecutor(max_workers=engine.buffers, thread_name_prefix="infer")
+        on_batch = metrics.batch_size.observe if metrics is not None else None
+        self.batcher = Batcher(engine, self._infer, info, cfg.batch_timeout_ms / 1000.0, on_batch)
         self._stopping = asyncio.Event()
         self._signals = 0
         self._tg: asyncio.TaskGroup | None = None
@@ -203,17 +232,23 @@ class Runner:
     async def _publish(self, st: StreamStats, res: FrameResult) -> None:
         m = res.meta
         dets = messages.detection_list(res.boxes.tolist(), res.scores.tolist(), res.labels.tolist(), self.info.label_names)
-        await self.publisher.send(
-            messages.detections(
-                st.id, m.index, pts_s=m.pts_s, captured_at=m.captured_at, width=m.width, height=m.height, dets=dets
-            )
+        msg = messages.detections(
+            st.id, m.index, pts_s=m.pts_s, captured_at=m.captured_at, width=m.width, height=m.height, dets=dets
         )
+        await self.publisher.send(msg)
         st.frames += 1
         st.detections += len(dets)
+        latency = max(0.0, time.time() - m.captured_at)
+        st.latencies.append(latency)
+        now = time.perf_counter()
+        if not st.recent or now - st.recent[-1][0] >= 0.1:
+            st.recent.append((now, st.frames))
+        if "input" in res.extra:
+            st.snapshot = (res.extra["input"], msg)
         if self.metrics is not None:
             self.metrics.frames.labels(st.id).inc()
             self.metrics.detections.labels(st.id).inc(len(dets))
-            self.metrics.latency.labels(st.id).observe(max(0.0, time.time() - m.captured_at))
+            self.metrics.latency.labels(st.id).observe(latency)
         if self.progress:
             self.progress(st.id, st.frames, st.expected)
 
@@ -236,7 +271,11 @@ class Runner:
                     batch = await loop.run_in_executor(io, next, it, None)
                     if batch is None:
                         break
-                    fut = loop.run_in_executor(self._infer, self.engine.infer, batch)
+                    now = time.monotonic()
+                    if now < st.watched_until and now - st.snap_at >= SNAPSHOT_EVERY_S:
+                        st.snap_at = now
+                        batch.snap_rows = (len(batch.frames) - 1,)
+                    fut = self.batcher.submit(batch)
                     await inflight.put((batch, fut))
             except asyncio.CancelledError:
                 return
@@ -247,6 +286,7 @@ class Runner:
 
         producer: asyncio.Task[None] | None = None
         watcher: asyncio.Task[None] | None = None
+        states: asyncio.Queue[tuple[str, str | None] | None] | None = None
         try:
             bsrc = await loop.run_in_executor(io, self._factory, src)
             st.expected = bsrc.frames_expected
@@ -268,8 +308,13 @@ class Runner:
                     raise item
                 batch, fut = item
                 results = await fut
+                if states is not None and watcher is not None and not watcher.done():
+                    # a state change the reader saw before these frames (e.g. "streaming") is published first
+                    try:
+                        await asyncio.wait_for(states.join(), 1.0)
+                    except TimeoutError:
+                        pass
                 if self.metrics is not None:
-                    self.metrics.batch_size.observe(len(batch.frames))
                     self.metrics.queue_depth.labels(st.id).set(inflight.qsize())
                 for res in results:
                     await self._publish(st, res)
@@ -322,10 +367,20 @@ class Runner:
                 pass
 
         bsrc.on_state = on_state
-        if self.metrics is not None:
-            dropped, reconnects = self.metrics.dropped, self.metrics.reconnects
-            bsrc.on_drop = lambda reason, n: dropped.labels(st.id, reason).inc(n)
-            bsrc.on_reconnect = lambda: reconnects.labels(st.id).inc()
+        metrics = self.metrics
+
+        def on_drop(reason: str, n: int) -> None:  # reader thread; a dict update is atomic enough for counts
+            st.dropped[reason] = st.dropped.get(reason, 0) + n
+            if metrics is not None:
+                metrics.dropped.labels(st.id, reason).inc(n)
+
+        def on_reconnect() -> None:
+            st.reconnects += 1
+            if metrics is not None:
+                metrics.reconnects.labels(st.id).inc()
+
+        bsrc.on_drop = on_drop
+        bsrc.on_reconnect = on_reconnect
         return states
 
     async def _watch_live(
@@ -346,14 +401,17 @@ class Runner:
         try:
             while True:
                 item = await states.get()
-                if item is None:
-                    return
-                state, error = item
-                if state == "failed":  # _run_stream publishes the failure itself, with the frame count
-                    continue
-                st.state = state
-                st.error = None if state == "streaming" else error
-                await self.publisher.send(messages.status(st.id, state, error, frames=st.frames))
+                try:
+                    if item is None:
+                        return
+                    state, error = item
+                    if state == "failed":  # _run_stream publishes the failure itself, with the frame count
+                        continue
+                    st.state = state
+                    st.error = None if state == "streaming" else error
+                    await self.publisher.send(messages.status(st.id, state, error, frames=st.frames))
+                finally:
+                    states.task_done()
         finally:
             closer.cancel()
             if not closer.done():
@@ -394,6 +452,42 @@ class Runner:
             raise StreamError(f"no running stream {stream_id}; `stream ctl list` shows the streams")
         self._stream_stop[stream_id].set()
         log.info("stream %s: removing", stream_id)
+
+    def status_rows(self) -> list[dict[str, Any]]:
+        """Every stream for the status page (read from the HTTP thread: copies, no locks needed)."""
+        rows = []
+        for st in list(self.stats.values()):
+            rows.append({
+                "id": st.id, "source": st.location, "state": st.state, "frames": st.frames,
+                "detections": st.detections, "fps": round(st.recent_fps(), 2),
+                "latency_p50_ms": st.latency_ms(0.50), "latency_p99_ms": st.latency_ms(0.99),
+                "dropped": sum(dict(st.dropped).values()), "reconnects": st.reconnects, "error": st.error,
+            })  # fmt: skip
+        return rows
+
+    def latest_frame(self, stream_id: str) -> tuple[Any, list[dict[str, Any]], tuple[int, int]] | None:
+        """The stream's latest snapshot: (RGB uint8 image at the model's size, its detections, source size).
+
+        Asking marks the stream as watched: its frames are snapshotted (a few per second) for WATCH_S more
+        seconds. None until the first snapshot of a watch exists.
+        """
+        st = self.stats.get(stream_id)
+        if st is None:
+            return None
+        st.watched_until = time.monotonic() + WATCH_S
+        snap = st.snapshot
+        if snap is None:
+            return None
+        import numpy as np
+
+        row, msg = snap
+        i = self.info
+        chw = np.asarray(row, np.float32)
+        std = np.asarray(i.std, np.float32).reshape(3, 1, 1)
+        mean = np.asarray(i.mean, np.float32).reshape(3, 1, 1)
+        rgb = (chw * std + mean) / np.float32(i.scale)  # undo ((pixel * scale) - mean) / std
+        img = np.clip(rgb.transpose(1, 2, 0), 0, 255).round().astype(np.uint8)
+        return img, list(msg["detections"]), (int(msg["width"]), int(msg["height"]))
 
     def listing(self) -> list[dict[str, Any]]:
         return [
@@ -491,9 +585,14 @@ async def run(
     publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s, keys=keys)
     metrics = Metrics() if cfg.metrics_port else None
     control = None
+    gpu_watch = None
     try:
         if metrics is not None:
             metrics.start_http(cfg.metrics_host, cfg.metrics_port)
+            if device == "cuda":
+                from .gpu_memory import GpuMemoryWatch
+
+                gpu_watch = GpuMemoryWatch(cfg.device_id, metrics.gpu_memory.set).start()
         await publisher.start()
         if not await publisher.wait_subscribers(cfg.wait_subscribers, cfg.wait_subscribers_timeout_s):
             raise StreamError(
@@ -505,6 +604,7 @@ async def run(
         )
         if metrics is not None:
             metrics.health_from(runner.health)
+            metrics.status_from(runner)
         if cfg.control:
             from .control import ControlServer
 
@@ -514,6 +614,8 @@ async def run(
             on_ready(runner)
         return RunResult(device, publisher.endpoint, await runner.run())
     finally:
+        if gpu_watch is not None:
+            gpu_watch.stop()
         if control is not None:
             await control.close()
         await publisher.close()

@@ -140,3 +140,43 @@ def unmatched(
         ):
             missing.append(d)
     return missing
+
+
+def make_resolution_change(path: Path, sizes: tuple[tuple[int, int, int], ...] = ((320, 240, 10), (160, 96, 8))) -> Path:
+    """An H.264 stream whose resolution changes mid-stream (W, H, frames per part), remuxed into Matroska."""
+    from fractions import Fraction
+
+    import av
+    import numpy as np
+
+    raw = b""
+    for w, h, n in sizes:
+        part = path.with_suffix(f".{w}x{h}.h264")
+        with av.open(str(part), "w", format="h264") as c:
+            s = c.add_stream("libx264", rate=10)
+            s.width, s.height, s.pix_fmt = w, h, "yuv420p"
+            s.options = {"bframes": "0"}
+            for i in range(n):
+                img = np.zeros((h, w, 3), np.uint8)
+                img[:, : (i * 7) % w] = 200
+                img[h // 4 : h // 2, w // 4 : w // 2] = (30, 160, 90)
+                for p in s.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                    c.mux(p)
+            for p in s.encode():
+                c.mux(p)
+        raw += part.read_bytes()
+        part.unlink()
+    annexb = path.with_suffix(".h264")
+    annexb.write_bytes(raw)
+    with av.open(str(annexb)) as i, av.open(str(path), "w") as o:
+        ist = i.streams.video[0]
+        ost = o.add_stream_from_template(ist)
+        n = 0
+        for p in i.demux(ist):
+            if p.size == 0:
+                continue
+            p.stream, p.pts, p.dts, p.time_base = ost, n, n, Fraction(1, 10)
+            n += 1
+            o.mux(p)
+    annexb.unlink()
+    return path

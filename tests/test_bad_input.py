@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from .conftest import Collector, free_port, run_cli
+from .conftest import Collector, collect_run, free_port, run_cli
 from .test_e2e import check_stream
 
 
@@ -113,3 +113,18 @@ def test_unknown_url_scheme_fails_alone(videos: dict[str, Path], model_info: Any
     last = by["odd"][-1]
     assert last["state"] == "failed" and "unknown URL scheme 'gopher'" in last["error"] and "pw" not in last["error"]
     assert "pw@" not in proc.stderr
+
+
+def test_resolution_change_mid_stream_publishes_every_frame_at_its_size(tmp_path: Path, model_info: Any) -> None:
+    from .conftest import make_resolution_change
+
+    path = make_resolution_change(tmp_path / "res_change.mkv")
+    _, by = collect_run([f"rc={path}"], f"tcp://127.0.0.1:{free_port()}")
+    dets = [m for m in by["rc"] if m["type"] == "detections"]
+    assert [m["frame"] for m in dets] == list(range(18))
+    assert [(m["width"], m["height"]) for m in dets] == [(320, 240)] * 10 + [(160, 96)] * 8
+    for m in dets:  # boxes are mapped with each frame's own size
+        for d in m["detections"]:
+            x1, y1, x2, y2 = d["box"]
+            assert 0 <= x1 <= x2 <= m["width"] and 0 <= y1 <= y2 <= m["height"]
+    assert by["rc"][-1]["type"] == "eos" and by["rc"][-1]["frames"] == 18

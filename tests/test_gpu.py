@@ -223,3 +223,87 @@ def test_hevc_decodes_on_nvdec(tmp_path: Path, caplog: pytest.LogCaptureFixture)
     assert result.stats["hevc"].state == "completed"
     assert [m["frame"] for m in msgs["hevc"][:-1]] == list(range(n))
     assert msgs["hevc"][-1] == {"v": 1, "type": "eos", "stream": "hevc", "frames": n}
+
+
+def test_resolution_change_on_the_gpu_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """NVDEC through DALI, or the CPU decode of the rest of the file where DALI gives up: every frame once,
+    each with its own size."""
+    from .conftest import make_resolution_change
+
+    path = make_resolution_change(tmp_path / "rc.mkv")
+    caplog.set_level(logging.INFO)
+    result, msgs = collect_run([f"rc={path}"], ep(), device="cuda")
+    dets = [m for m in msgs["rc"] if m["type"] == "detections"]
+    print("resolution change on cuda:", "CPU fallback" if "decoding the rest on the CPU" in caplog.text else "DALI")
+    assert result.stats["rc"].state == "completed", result.stats["rc"].error
+    assert [m["frame"] for m in dets] == list(range(18))
+    assert [(m["width"], m["height"]) for m in dets] == [(320, 240)] * 10 + [(160, 96)] * 8
+
+
+def test_partial_batches_of_streams_merge_on_the_device(tmp_path: Path) -> None:
+    """Tails of DALI streams (device batches) stacked into shared runs give the same detections as alone."""
+    from stream.sample import make_sample_video
+
+    files = [str(make_sample_video(tmp_path / f"t{i}.mp4", width=320 + 64 * i, height=240, fps=10, seconds=s))
+             for i, s in enumerate((0.5, 0.6, 0.7))]  # fmt: skip
+    _, merged = collect_run(files, ep(), device="cuda", batch_timeout_ms=2000)
+    _, alone = collect_run(files, ep(), device="cuda", batch_timeout_ms=0)
+    for sid in alone:
+        a, b = detections_of(merged[sid]), detections_of(alone[sid])
+        assert len(a) == len(b) and len(a) in (5, 6, 7)
+        for x, y in zip(a, b):
+            assert not unmatched(x, y, min_iou=0.99, score_tol=1e-3, floor=0.0)
+            assert not unmatched(y, x, min_iou=0.99, score_tol=1e-3, floor=0.0)
+
+
+def test_snapshot_and_gpu_memory_gauge(h264: dict[str, Path], model_info: Any) -> None:
+    """The status page's latest frame comes off the device as the model saw it; the GPU memory gauge is set."""
+    import asyncio
+    import time
+    import urllib.request
+
+    import av
+    import cv2
+
+    from stream import config, pipeline
+
+    port = free_port()
+    seen: dict[str, Any] = {}
+
+    def ready(runner: Any) -> None:
+        runner.stats["plain"].watched_until = time.monotonic() + 60
+        seen["runner"] = runner
+
+    cfg = config.load(None, {"sources": [f"plain={h264['plain']}"], "device": "cuda", "progress": "off",
+                             "metrics_port": port, "publish": ep()})  # fmt: skip
+    metrics_text: list[str] = []
+
+    async def go() -> Any:
+        async def poll() -> None:
+            while True:
+                await asyncio.sleep(0.5)
+                try:
+                    body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+                    metrics_text.append(body.decode())
+                except OSError:
+                    pass
+
+        t = asyncio.create_task(poll())
+        try:
+            return await pipeline.run(cfg, on_ready=ready)
+        finally:
+            t.cancel()
+
+    asyncio.run(go())
+    runner = seen["runner"]
+    snap = runner.latest_frame("plain")
+    assert snap is not None
+    img, dets, (w, h) = snap
+    assert img.shape == (model_info.height, model_info.width, 3) and (w, h) == (640, 360)
+    frame_no = runner.stats["plain"].snapshot[1]["frame"]
+    with av.open(str(h264["plain"])) as c:
+        rgb = next(f for i, f in enumerate(c.decode(video=0)) if i == frame_no).to_ndarray(format="rgb24")
+    ref = cv2.resize(rgb.astype(np.float32), (model_info.width, model_info.height))
+    assert np.abs(img.astype(np.float32) - ref).mean() < 8.0  # YUV->RGB differs by ~2 levels (module docstring)
+    gauge = [line for text in metrics_text for line in text.splitlines() if line.startswith("stream_gpu_memory_bytes")]
+    assert gauge and max(float(g.split()[-1]) for g in gauge) > 100e6, gauge[-3:]

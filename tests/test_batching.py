@@ -1,0 +1,201 @@
+"""Batching across streams: partial batches of different streams share inference runs; order and results kept.
+
+The real path: the CPU engine and PyAV sources on files whose frame counts are not multiples of the model's
+batch (4), so every stream ends on a partial batch, run side by side. The Batcher's timing rules are checked
+on their own with a recording engine (a seam), in addition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream import config, pipeline
+from stream.batcher import Batcher
+from stream.frames import Batch, FrameMeta, FrameResult
+from stream.infer import CpuEngine
+from stream.model import default_model_path, load_info
+from stream.sample import make_sample_video
+from stream.sources import Source
+
+from .conftest import unmatched
+
+
+class ListSink:
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        self.messages.append(msg)
+
+
+class CountingEngine:
+    """The real CPU engine, counting runs and the streams in each (a spy, not a fake)."""
+
+    def __init__(self, inner: CpuEngine) -> None:
+        self.inner, self.device, self.buffers = inner, inner.device, inner.buffers
+        self.runs: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        with self._lock:
+            self.runs.append(sorted(set(batch.stream.split("+"))))
+        return self.inner.infer(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _run(paths: dict[str, Path], timeout_ms: int) -> tuple[dict[str, list[dict[str, Any]]], CountingEngine, Any]:
+    info = load_info(default_model_path())
+    cfg = config.load(None, {"device": "cpu", "progress": "off", "batch_timeout_ms": timeout_ms})
+    engine = CountingEngine(CpuEngine(info))
+    sink = ListSink()
+    srcs = [Source(k, str(v)) for k, v in paths.items()]
+    runner = pipeline.Runner(cfg, srcs, info, engine, sink, handle_signals=False)
+    stats = asyncio.run(runner.run())
+    assert all(s.state == "completed" for s in stats.values()), {k: s.error for k, s in stats.items()}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in sink.messages:
+        out.setdefault(m["stream"], []).append(m)
+    return out, engine, runner
+
+
+def test_partial_batches_of_streams_share_runs_and_keep_order(tmp_path: Path) -> None:
+    # 10 fps: 0.5 s = 5 frames, 0.6 s = 6, 0.7 s = 7, 0.3 s = 3; batch 4 leaves tails of 1, 2, 3 and 3 frames
+    paths = {
+        f"s{i}": make_sample_video(tmp_path / f"s{i}.mp4", width=160 + 32 * i, height=120, fps=10, seconds=secs)
+        for i, secs in enumerate((0.5, 0.6, 0.7, 0.3))
+    }
+    frames = {"s0": 5, "s1": 6, "s2": 7, "s3": 3}
+    merged, eng_m, runner = _run(paths, timeout_ms=2000)
+    alone, eng_a, _ = _run(paths, timeout_ms=0)
+
+    for sid, n in frames.items():
+        msgs = merged[sid]
+        dets = [m for m in msgs if m["type"] == "detections"]
+        assert [m["frame"] for m in dets] == list(range(n)), sid  # every frame once, in order
+        assert msgs[-1]["type"] == "eos" and msgs[-1]["frames"] == n
+        assert [m["width"] for m in dets] == [160 + 32 * int(sid[1])] * n  # boxes mapped with this stream's size
+        ref = [m for m in alone[sid] if m["type"] == "detections"]
+        for a, b in zip(dets, ref):
+            assert not unmatched(a["detections"], b["detections"], min_iou=0.99, score_tol=1e-3, floor=0.0)
+            assert not unmatched(b["detections"], a["detections"], min_iou=0.99, score_tol=1e-3, floor=0.0)
+    # without batching across streams: one run per stream batch (2+2+2+1); with it, tails share runs
+    assert len(eng_a.runs) == 7 and all(len(r) == 1 for r in eng_a.runs)
+    assert any(len(r) > 1 for r in eng_m.runs), eng_m.runs
+    assert len(eng_m.runs) < len(eng_a.runs)
+    assert runner.batcher.merged >= 1
+
+
+# -- the Batcher's rules, with a recording engine ------------------------------------------------------------
+
+
+class RecordingEngine:
+    device, buffers = "cpu", 1
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[tuple[str, list[int], float]] = []
+        self.fail = fail
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        self.batches.append((batch.stream, [m.index for m in batch.frames], time.time()))
+        batch.done()
+        if self.fail:
+            raise RuntimeError("boom")
+        z = np.zeros((0, 4), np.float32)
+        return [FrameResult(m, z, np.zeros(0, np.float32), np.zeros(0, np.int64)) for m in batch.frames]
+
+    def close(self) -> None:
+        pass
+
+
+INFO = load_info(default_model_path())
+
+
+def _part(stream: str, n: int, start: int = 0, age_s: float = 0.0, released: list[str] | None = None) -> Any:
+    """A partial batch made when submitted (its frames are stamped then, as a source stamps them)."""
+    return lambda: _make_part(stream, n, start, age_s, released)
+
+
+def _make_part(stream: str, n: int, start: int, age_s: float, released: list[str] | None) -> Batch:
+    info = INFO
+    now = time.time() - age_s
+    data = np.full((info.batch, 3, info.height, info.width), float(start), np.float32)
+    metas = [FrameMeta(start + i, None, now, 64, 48) for i in range(n)]
+    rel = (lambda: released.append(stream)) if released is not None else None
+    return Batch(stream, metas, data, release=rel)
+
+
+async def _batcher_case(engine: RecordingEngine, timeout_s: float, parts: list[tuple[Any, float]]) -> list[Any]:
+    info = INFO
+    ex = ThreadPoolExecutor(1)
+    sizes: list[int] = []
+    b = Batcher(engine, ex, info, timeout_s, on_batch=sizes.append)
+    futs = []
+    for part, delay in parts:
+        await asyncio.sleep(delay)
+        futs.append(b.submit(part()))
+    res = await asyncio.gather(*futs, return_exceptions=True)
+    ex.shutdown()
+    return [res, sizes, b]
+
+
+def test_batcher_waits_for_rows_then_times_out() -> None:
+    eng = RecordingEngine()
+    released: list[str] = []
+    t0 = time.time()  # parts are made inside the run, within ~0.1 s of this
+    res, sizes, b = asyncio.run(_batcher_case(eng, 0.3, [
+        (_part("a", 1, released=released), 0.0), (_part("b", 2, released=released), 0.05),
+        (_part("c", 3, released=released), 0.0),  # would overflow 4: a+b go now, c waits for its timeout
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["a+b", "c"]
+    assert sizes == [3, 3]
+    assert eng.batches[0][2] - t0 < 0.2  # flushed by the overflow, not the timer
+    assert eng.batches[1][2] - t0 >= 0.28  # c waited for its timeout
+    assert [len(r) for r in res] == [1, 2, 3] and [r.meta.index for r in res[1]] == [0, 1]
+    assert sorted(released) == ["a", "b", "c"]  # every part's buffer handed back
+
+
+def test_batcher_full_batches_go_at_once_and_old_frames_flush_now() -> None:
+    eng = RecordingEngine()
+    t0 = time.time()
+    res, sizes, _ = asyncio.run(_batcher_case(eng, 5.0, [
+        (_part("full", 4), 0.0),
+        (_part("live", 1, age_s=6.0), 0.0),  # captured longer than the timeout ago: no more waiting
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["full", "live"]
+    assert time.time() - t0 < 1.0
+    assert sizes == [4, 1]
+
+
+def test_batcher_merged_rows_are_the_parts_rows() -> None:
+    info = INFO
+    seen: list[np.ndarray] = []
+
+    class Look(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            seen.append(np.array(batch.data[:, 0, 0, 0]))
+            return super().infer(batch)
+
+    asyncio.run(_batcher_case(Look(), 0.2, [(_part("a", 1, start=7), 0.0), (_part("b", 2, start=9), 0.0)]))
+    assert seen[0][:3].tolist() == [7.0, 9.0, 9.0] and seen[0].shape == (info.batch,)
+
+
+def test_batcher_failure_reaches_every_part() -> None:
+    res, _, _ = asyncio.run(_batcher_case(RecordingEngine(fail=True), 0.1, [(_part("a", 1), 0.0), (_part("b", 1), 0.0)]))
+    assert all(isinstance(r, RuntimeError) for r in res)
+
+
+@pytest.mark.parametrize("timeout_ms", [0, 50])
+def test_timeout_zero_or_small_keeps_every_frame(tmp_path: Path, timeout_ms: int) -> None:
+    p = {"x": make_sample_video(tmp_path / "x.mp4", width=96, height=64, fps=10, seconds=0.9)}
+    out, _, _ = _run(p, timeout_ms)
+    assert [m["frame"] for m in out["x"] if m["type"] == "detections"] == list(range(9))
