@@ -11,6 +11,9 @@ Messages are the dicts `stream run` publishes (see `stream.messages`): detection
 stream's `eos` (or a `status` "failed"). Nothing goes through ZeroMQ: the pipeline hands them over in
 process, and waits when the consumer is slower than the pipeline (lossless, bounded memory). No signal
 handlers are installed: stop from code with `Pipeline.stop()` or by breaking out of the loop.
+
+The messages carry no `seq`: that field is stamped by the ZeroMQ publisher, for subscribers to see what
+ZeroMQ dropped; nothing is dropped here. They equal what `stream.client` yields (it consumes `seq`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from . import config as config_mod
-from .pipeline import Runner, make_engine, resolve
+from .pipeline import Runner, make_engine, newest_source, resolve
 
 _END = object()
 
@@ -64,13 +67,20 @@ class Pipeline:
         device = choose_device(cfg.device, cfg.device_id)
         engine = await asyncio.to_thread(make_engine, device, info, cfg)
         sink = _QueueSink(self.max_pending)
-        runner = Runner(cfg, sources, info, engine, sink, handle_signals=False)
+        annotating = None
+        if cfg.annotate_dir:
+            from .annotate import AnnotatingSink
+
+            annotating = AnnotatingSink(sink, cfg.annotate_dir, lambda sid: newest_source(sources, sid))
+        runner = Runner(cfg, sources, info, engine, annotating or sink, handle_signals=False)
         self._runner, self._loop = runner, asyncio.get_running_loop()
 
         async def go() -> None:
             try:
                 self.stats = await runner.run()
             finally:
+                if annotating is not None:
+                    await annotating.close()
                 await sink.queue.put(_END)
 
         task = asyncio.create_task(go(), name="stream-pipeline")

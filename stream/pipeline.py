@@ -136,7 +136,8 @@ def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> Batch
 
 
 def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
-    """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyAV everywhere else."""
+    """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyNvVideoCodec on NVDEC for live
+    H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
     pool = cfg.queue_batches + cfg.buffers + 1
     if device == "cuda" and not src.live:
         from .decode import probe
@@ -153,7 +154,7 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
                 "stream %s: %s %s is not decoded by NVDEC here (it takes %s in 4:2:0); decoding on the CPU with PyAV",
                 src.id, vi.codec, vi.pix_fmt, "/".join(sorted(DALI_CODECS)),
             )
-    if src.live:  # CPU decode on every device: the CUDA engine uploads host batches
+    if src.live:  # NVDEC frame by frame on cuda (live_decode), else PyAV on the CPU (the CUDA engine uploads)
         from .live import LiveBatchSource
         from .sources import LIVE_SCHEMES, scheme_of
 
@@ -165,7 +166,7 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
                 stream=src.id,
             )
 
-        return LiveBatchSource(src, info, cfg, pool=pool)
+        return LiveBatchSource(src, info, cfg, pool=pool, device=device)
     from .preprocess import HostBatchSource
 
     return HostBatchSource(src, info, pool=pool)
@@ -561,6 +562,11 @@ class Runner:
         return self.stats
 
 
+def newest_source(sources: list[Source], stream_id: str) -> Source | None:
+    """The source a stream id names now (Runner.add appends to the list; a re-added id is its last entry)."""
+    return next((s for s in reversed(sources) if s.id == stream_id), None)
+
+
 @dataclass
 class RunResult:
     device: str
@@ -583,6 +589,13 @@ async def run(
     device = choose_device(cfg.device, cfg.device_id)
     engine = await asyncio.to_thread(make_engine, device, info, cfg)
     publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s, keys=keys)
+    sink: Sink = publisher
+    annotating = None
+    if cfg.annotate_dir:  # annotated videos: a tee that never waits for the annotators (stream/annotate.py)
+        from .annotate import AnnotatingSink
+
+        annotating = AnnotatingSink(publisher, cfg.annotate_dir, lambda sid: newest_source(sources, sid))
+        sink = annotating
     metrics = Metrics() if cfg.metrics_port else None
     control = None
     gpu_watch = None
@@ -600,7 +613,7 @@ async def run(
                 f"{cfg.wait_subscribers_timeout_s:g} s on {publisher.endpoint}"
             )
         runner = Runner(
-            cfg, sources, info, engine, publisher, progress=progress, metrics=metrics, keep_running=bool(cfg.control)
+            cfg, sources, info, engine, sink, progress=progress, metrics=metrics, keep_running=bool(cfg.control)
         )
         if metrics is not None:
             metrics.health_from(runner.health)
@@ -618,6 +631,8 @@ async def run(
             gpu_watch.stop()
         if control is not None:
             await control.close()
+        if annotating is not None:
+            await annotating.close()
         await publisher.close()
         engine.close()
         if metrics is not None:

@@ -23,44 +23,29 @@ def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return {"time": round(time.time(), 3), "streams": rows}
 
 
-def _color(label: int) -> tuple[int, int, int]:
-    """A bright BGR colour per label, stable across frames."""
-    hue = (int(label) * 47) % 180
-    hsv = np.uint8([[[hue, 220, 255]]])
-    import cv2
-
-    b, g, r = cv2.cvtColor(hsv, cv2.COLOR_HSV2BGR)[0, 0]
-    return int(b), int(g), int(r)
-
-
 def draw(image: np.ndarray, detections: list[dict[str, Any]], source_size: tuple[int, int]) -> np.ndarray:
     """The model-size RGB image back at the source's aspect ratio (BGR, for cv2), with boxes and labels.
 
     The model input is the source stretched to the model's size; the picture is stretched back so that its
-    longer side keeps the image's longer side. Boxes (source pixels) are scaled to it.
+    longer side keeps the image's longer side. Boxes (source pixels) are scaled to it and drawn by
+    `drawing.draw`, as in annotated videos.
     """
     import cv2
+
+    from .drawing import draw as draw_boxes
 
     src_w, src_h = max(1, int(source_size[0])), max(1, int(source_size[1]))
     side = max(image.shape[0], image.shape[1])
     k = side / max(src_w, src_h)
     out_w, out_h = max(1, round(src_w * k)), max(1, round(src_h * k))
-    bgr = cv2.cvtColor(np.ascontiguousarray(image, dtype=np.uint8), cv2.COLOR_RGB2BGR)
-    if bgr.shape[:2] != (out_h, out_w):
-        bgr = cv2.resize(bgr, (out_w, out_h), interpolation=cv2.INTER_AREA)
+    rgb = np.ascontiguousarray(image, dtype=np.uint8)
+    if rgb.shape[:2] != (out_h, out_w):
+        rgb = cv2.resize(rgb, (out_w, out_h), interpolation=cv2.INTER_AREA)
+    else:
+        rgb = rgb.copy()
     sx, sy = out_w / src_w, out_h / src_h
-    for d in detections:
-        x1, y1, x2, y2 = d["box"]
-        p1 = (round(x1 * sx), round(y1 * sy))
-        p2 = (round(x2 * sx), round(y2 * sy))
-        color = _color(d.get("label", 0))
-        cv2.rectangle(bgr, p1, p2, color, 2)
-        text = f"{d.get('name') or d.get('label')} {float(d.get('score', 0.0)):.2f}"
-        (tw, th), base = cv2.getTextSize(text, cv2.FONT_HERSHEY_SIMPLEX, 0.4, 1)
-        ty = p1[1] - 3 if p1[1] - th - base - 3 >= 0 else p1[1] + th + 3  # above the box, or inside at the top
-        cv2.rectangle(bgr, (p1[0], ty - th - 2), (p1[0] + tw + 2, ty + base - 1), color, -1)
-        cv2.putText(bgr, text, (p1[0] + 1, ty), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (0, 0, 0), 1, cv2.LINE_AA)
-    return bgr
+    scaled = [{**d, "box": [d["box"][0] * sx, d["box"][1] * sy, d["box"][2] * sx, d["box"][3] * sy]} for d in detections]
+    return cv2.cvtColor(draw_boxes(rgb, scaled), cv2.COLOR_RGB2BGR)
 
 
 def frame_jpeg(

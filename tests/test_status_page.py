@@ -58,8 +58,8 @@ def test_draw_scales_boxes_from_source_pixels_and_restores_the_aspect_ratio() ->
     assert out.shape == (50, 100, 3), "the picture gets the source's 2:1 aspect back, longer side kept"
     # the box in source pixels x 0.25: (25, 15) - (75, 45); its outline is drawn, its inside and outside not
     lit = out.max(axis=2) > 60
-    assert lit[30, 24:27].all() and lit[30, 74:77].all(), "left and right edges at x=25 and x=75"
-    assert lit[14:17, 50].all() and lit[44:47, 50].all(), "top and bottom edges at y=15 and y=45"
+    assert lit[30, 24:27].any() and lit[30, 73:77].any(), "left and right edges at x=25 and x=75 (one pixel)"
+    assert lit[14:17, 50].any() and lit[43:47, 50].any(), "top and bottom edges at y=15 and y=45 (one pixel)"
     assert not lit[19:43, 28:73].any(), "inside the box stays dark"
     assert not lit[:, 80:].any() and not lit[48:].any() and not lit[:, :23].any(), "outside the box stays dark"
     # the label "car 0.87" sits in a filled band just above the box, from its left edge
@@ -83,7 +83,7 @@ def test_frame_jpeg_decodes_with_the_boxes() -> None:
     assert img is not None and img.shape == (180, 320, 3)
     color = np.asarray(img, np.int32)
     # box (64, 36)-(576, 324) at 0.5: (32, 18)-(288, 162); its right edge is bright, the middle is not
-    assert color[100, 286:291].max() > 150
+    assert color[100, 286:291].max() > 100
     assert color[90:110, 150:170].max() < 90
 
 
@@ -302,8 +302,9 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
         )  # fmt: skip
         # the shipped model is 320x320: a 320x240 source comes back 320x240, a 352x288 one 320x262
         assert images == {"a": [320, 240], "b": [320, 262]}, images
-        # the frame is the video's, not a blank: the sample has texture
-        shot = browser.execute_script("""
+        # the frame is the video's, not a blank: the sample has texture (and a stretch of plain black frames,
+        # so the image is read again until a textured one is shown)
+        shot_js = """
             const img = document.querySelector('figure[data-stream="a"] img');
             const c = document.createElement("canvas"); c.width = img.naturalWidth; c.height = img.naturalHeight;
             const g = c.getContext("2d"); g.drawImage(img, 0, 0);
@@ -311,8 +312,8 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
             let lo = 255, hi = 0;
             for (let i = 0; i < d.length; i += 4) { lo = Math.min(lo, d[i + 1]); hi = Math.max(hi, d[i + 1]); }
             return hi - lo;
-        """)
-        assert shot > 50, "the frame shows a picture"
+        """
+        wait_for(lambda: browser.execute_script(shot_js) > 50, 20, "the frame shows a picture")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
         assert proc.returncode == 0, err[-3000:]
