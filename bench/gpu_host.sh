@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|bench|all]     (writes logs and JSON under $OUT)
+#   bash bench/gpu_host.sh [check|export|test|bench|sweep|all]     (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -51,10 +51,28 @@ run_bench() {
     --video /tmp/hd.mp4 --naive-frames 60 --buffers 1 --json "$OUT/bench-cuda-b8-fp16-1buf.json"
 }
 
+sweep() {
+  # bench/streams.py (fps against streams and buffers, beside the inference-only ceiling) and bench/latency.py
+  # (capture-to-publish latency of 1/4/8/16 live feeds: 1080p files paced at 30 fps by the bench, as the host has
+  # no GStreamer RTSP server), about 4 minutes each. The PNGs need matplotlib (GPU_EXTRA in wheelhouse.sh);
+  # without it the tables and JSON are still written.
+  f=/tmp/models/r50_b8_fp16.onnx
+  [ -f "$f" ] || python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random --input-size 800 800 \
+    --batch 8 --fp16 --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
+  timeout 300 python3 bench/streams.py --device cuda --model "$f" --video /tmp/hd.mp4 --streams 1 4 16 32 \
+    --buffers 1 2 3 --buffers-streams 4 --sweep-buffers 2 --seconds 6 --infer-seconds 3 \
+    --json "$OUT/streams-cuda.json" --plot "$OUT/streams-cuda.png" 2>&1 | tee "$OUT/streams-cuda.txt"
+  timeout 300 python3 bench/latency.py --device cuda --model "$f" --video /tmp/hd.mp4 --modes paced \
+    --feeds 1 4 8 16 --seconds 20 --warmup 4 \
+    --json "$OUT/latency-cuda.json" --plot "$OUT/latency-cuda.png" 2>&1 | tee "$OUT/latency-cuda.txt"
+}
+
 case $what in
   check) check ;;
   export) export_models ;;
   test) run_tests ;;
   bench) run_bench ;;
+  sweep) sweep ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

@@ -10,6 +10,10 @@ Decision record:
 - Each part's future resolves with its own frames' results, so a stream's consumer, which awaits its
   futures in order, still publishes in frame order.
 - A part that would overflow the batch flushes what is waiting first; parts are never split.
+- Latest wins for live feeds up to the last moment: when a worker takes a batch, frames of a live feed that
+  have outlived `max_staleness_ms` while they waited (for other streams, for a free inference slot) are
+  dropped and counted as "stale" instead of being run, so an overloaded daemon spends the GPU on fresh
+  frames and latency stays bounded rather than growing with the queue. Files have no budget: lossless.
 - Everything here runs on the event loop except the stacking and the inference (worker threads).
 """
 
@@ -91,58 +95,62 @@ class Batcher:
 
     def _run(self, parts: list[Batch]) -> list[asyncio.Future[list[FrameResult]]]:
         loop = asyncio.get_running_loop()
-        counts = [len(b.frames) for b in parts]
-        if self.on_batch is not None:
-            self.on_batch(sum(counts))
+        whole = loop.run_in_executor(self.executor, self._work, parts)
         if len(parts) == 1:
-            return [loop.run_in_executor(self.executor, self.engine.infer, parts[0])]
-        self.merged += 1
-        whole = loop.run_in_executor(self.executor, self._infer_merged, parts)
+            one: asyncio.Future[list[FrameResult]] = loop.create_future()
+            whole.add_done_callback(lambda f: _settle([one], f))
+            return [one]
         outs: list[asyncio.Future[list[FrameResult]]] = [loop.create_future() for _ in parts]
-
-        def split(f: asyncio.Future[list[FrameResult]]) -> None:
-            if f.cancelled():
-                for o in outs:
-                    o.cancel()
-                return
-            exc = f.exception()
-            if exc is not None:
-                for o in outs:
-                    o.set_exception(exc)
-                return
-            res, at = f.result(), 0
-            for o, c in zip(outs, counts):
-                o.set_result(res[at : at + c])
-                at += c
-
-        whole.add_done_callback(split)
+        whole.add_done_callback(lambda f: _settle(outs, f))
         return outs
 
     # -- in a worker thread ---------------------------------------------------------------------------------
-    def _infer_merged(self, parts: list[Batch]) -> list[FrameResult]:
-        merged = self.stack(parts)
-        return self.engine.infer(merged)
+    def _work(self, parts: list[Batch]) -> list[list[FrameResult]]:
+        """Drop what went stale while waiting (live feeds), then one inference run; results per part."""
+        starts = [_stale_prefix(b) for b in parts]
+        fresh = [(b, s) for b, s in zip(parts, starts) if s < len(b.frames)]
+        for b, s in zip(parts, starts):
+            if s == len(b.frames):  # nothing left of it: hand its buffer back
+                b.done()
+        out: dict[int, list[FrameResult]] = {id(b): [] for b in parts}
+        if fresh:
+            if len(fresh) == 1 and fresh[0][1] == 0:
+                batch = fresh[0][0]
+            else:
+                batch = self.stack(fresh)
+                self.merged += len(fresh) > 1
+            if self.on_batch is not None:
+                self.on_batch(len(batch.frames))
+            res, at = self.engine.infer(batch), 0
+            for b, s in fresh:
+                n = len(b.frames) - s
+                out[id(b)] = res[at : at + n]
+                at += n
+        return [out[id(b)] for b in parts]
 
-    def stack(self, parts: list[Batch]) -> Batch:
-        """One batch holding the rows of `parts` in order; the parts' buffers are handed back."""
-        frames = [m for b in parts for m in b.frames]
-        snaps = tuple(o + r for o, b in zip(_offsets(parts), parts) for r in b.snap_rows)
-        name = "+".join(dict.fromkeys(b.stream for b in parts))
-        if all(isinstance(b.data, np.ndarray) for b in parts):
+    def stack(self, parts: list[tuple[Batch, int]]) -> Batch:
+        """One batch holding rows `start:` of each part, in order; the parts' buffers are handed back."""
+        frames = [m for b, s in parts for m in b.frames[s:]]
+        snaps, at = [], 0
+        for b, s in parts:
+            snaps += [at + r - s for r in b.snap_rows if r >= s]
+            at += len(b.frames) - s
+        name = "+".join(dict.fromkeys(b.stream for b, _ in parts))
+        if all(isinstance(b.data, np.ndarray) for b, _ in parts):
             try:
                 buf = self._host_pool.get_nowait()
             except queue.Empty:
-                buf = np.zeros_like(parts[0].data)
+                buf = np.zeros_like(parts[0][0].data)
             at = 0
-            for b in parts:
-                n = len(b.frames)
-                buf[at : at + n] = b.data[:n]
+            for b, s in parts:
+                n = len(b.frames) - s
+                buf[at : at + n] = b.data[s : s + n]
                 at += n
                 b.done()
-            return Batch(name, frames, buf, release=lambda: self._host_pool.put(buf), snap_rows=snaps)
-        return self._stack_device(parts, frames, name, snaps)
+            return Batch(name, frames, buf, release=lambda: self._host_pool.put(buf), snap_rows=tuple(snaps))
+        return self._stack_device(parts, frames, name, tuple(snaps))
 
-    def _stack_device(self, parts: list[Batch], frames: list[Any], name: str, snaps: tuple[int, ...]) -> Batch:
+    def _stack_device(self, parts: list[tuple[Batch, int]], frames: list[Any], name: str, snaps: tuple[int, ...]) -> Batch:
         import cupy as cp
 
         if self._copy_stream is None:
@@ -152,12 +160,11 @@ class Batcher:
         with s:
             buf = cp.empty((i.batch, 3, i.height, i.width), dtype=np.dtype(i.dtype))
             at = 0
-            for b in parts:
-                n = len(b.frames)
+            for b, start in parts:
+                n = len(b.frames) - start
                 if b.ready is not None:
                     s.wait_event(b.ready)
-                src = b.data[:n]
-                buf[at : at + n] = cp.asarray(src, dtype=buf.dtype)
+                buf[at : at + n] = cp.asarray(b.data[start : start + n], dtype=buf.dtype)
                 at += n
             if at < i.batch:
                 buf[at:] = 0
@@ -165,17 +172,34 @@ class Batcher:
             ready.record(s)
         # The parts' buffers go back to their sources (which overwrite them) only once the copies are done.
         ready.synchronize()
-        for b in parts:
+        for b, _ in parts:
             b.done()
         return Batch(name, frames, buf, ready=ready, snap_rows=snaps)
 
 
-def _offsets(parts: list[Batch]) -> list[int]:
-    out, at = [], 0
-    for b in parts:
-        out.append(at)
-        at += len(b.frames)
-    return out
+def _stale_prefix(b: Batch) -> int:
+    """Frames of a live batch older than its staleness budget by now (a prefix: frames arrive in order),
+    counted as dropped; they are not run. Files have no budget: 0."""
+    if b.max_age_s is None:
+        return 0
+    now, n = time.time(), 0
+    while n < len(b.frames) and now - b.frames[n].captured_at > b.max_age_s:
+        n += 1
+    if n and b.on_stale is not None:
+        b.on_stale(n)
+    return n
+
+
+def _settle(outs: list[asyncio.Future[list[FrameResult]]], f: asyncio.Future[list[list[FrameResult]]]) -> None:
+    for i, o in enumerate(outs):
+        if o.done():
+            continue
+        if f.cancelled():
+            o.cancel()
+        elif f.exception() is not None:
+            o.set_exception(f.exception())  # type: ignore[arg-type]
+        else:
+            o.set_result(f.result()[i])
 
 
 def _chain(src: asyncio.Future[Any], dst: asyncio.Future[Any]) -> None:

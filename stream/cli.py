@@ -68,8 +68,11 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 2)")
     p.add_argument("--duration", type=float, metavar="S", help="stop (gracefully) after S seconds")
     p.add_argument("--loop", action="store_true", default=None, help="replay every file source forever")
-    p.add_argument("--metrics-port", type=int, metavar="PORT",
-                   help="serve Prometheus /metrics and /healthz on 127.0.0.1:PORT (default: off)")
+    p.add_argument("--annotate", metavar="DIR",
+                   help="also write DIR/<stream id>.mp4 per file stream: the video with its detections drawn (H.264)")
+    p.add_argument("--http-port", "--metrics-port", dest="metrics_port", type=int, metavar="PORT",
+                   help="serve the status page, Prometheus /metrics and /healthz on 127.0.0.1:PORT (default: off; "
+                        "--metrics-port is the old name)")  # fmt: skip
     p.add_argument("--control", nargs="?", const="tcp://127.0.0.1:5557", metavar="ENDPOINT",
                    help="serve `stream ctl` on ENDPOINT (default tcp://127.0.0.1:5557) and keep running after the "
                         "sources end, until stopped")  # fmt: skip
@@ -100,6 +103,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "buffers": args.buffers,
                 "duration_s": args.duration,
                 "loop": args.loop,
+                "annotate_dir": args.annotate,
                 "metrics_port": args.metrics_port,
                 "control": args.control,
                 "curve_secret": args.curve_secret,
@@ -166,26 +170,36 @@ def format_line(msg: dict[str, Any]) -> str:
 
 
 def cmd_subscribe(args: argparse.Namespace) -> int:
-    from .client import iter_messages
+    """Messages on stdout (unchanged: no `seq`); at the end, on stderr, how many were missed (gaps in seq)."""
+    from .client import SeqGaps, iter_messages
 
     _setup_logging("warning")
+    gaps = SeqGaps()
     try:
         for msg in iter_messages(args.endpoint, args.stream, count=args.count, until_eos=args.until_eos,
                                  timeout_s=args.timeout, curve_server=args.curve_server,
-                                 curve_secret=args.curve_secret):  # fmt: skip
+                                 curve_secret=args.curve_secret, gaps=gaps):  # fmt: skip
             line = json.dumps(msg, separators=(",", ":")) if args.json else format_line(msg)
             print(line, flush=True)
     except TimeoutError as exc:
         print(f"stream subscribe: {exc}", file=sys.stderr)
+        _report_gaps(gaps)
         return 1
     except StreamError as exc:
         print(f"stream subscribe: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        _report_gaps(gaps)
         return 130
     except BrokenPipeError:
         return 0
+    _report_gaps(gaps)
     return 0
+
+
+def _report_gaps(gaps: Any) -> None:
+    if gaps.received:
+        print(f"stream subscribe: {gaps.summary()}", file=sys.stderr, flush=True)
 
 
 # -- ctl ------------------------------------------------------------------------------------------------------
@@ -243,6 +257,96 @@ def cmd_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- annotate -------------------------------------------------------------------------------------------------
+def _add_annotate(sub: Any) -> None:
+    p = sub.add_parser("annotate", help="write a video file again with its detections drawn (H.264 MP4)")
+    p.add_argument("--source", required=True, metavar="VIDEO", help="the video file to annotate")
+    p.add_argument("--output", required=True, metavar="OUT.mp4", help="the annotated video to write (H.264, MP4)")
+    p.add_argument("--model", metavar="PATH", help="ONNX model (default: the small random-weight model shipped)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto: CUDA when usable, else CPU")
+    p.add_argument("--device-id", type=int, help="CUDA device index (default 0)")
+    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
+                   help="progress bar (default: when stderr is a tty)")
+    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    p.set_defaults(func=cmd_annotate)
+
+
+def cmd_annotate(args: argparse.Namespace) -> int:
+    """One file through the pipeline in process; the annotator writes as the detections come.
+
+    Exit status: 0 written; 1 the video failed mid-way (the frames before are written) or the output could not
+    be written to the end; 2 nothing could start (bad source, output, model, device); 130 interrupted.
+    """
+    import glob
+    import os
+    import re
+    from pathlib import Path
+
+    from .annotate import Annotator
+    from .api import Pipeline
+    from .decode import probe
+    from .report import ProgressBars, progress_enabled
+    from .sources import Source, scheme_of
+
+    _setup_logging(args.log_level)
+
+    def fail(message: Any, code: int) -> int:
+        print(f"stream annotate: {message}", file=sys.stderr, flush=True)
+        return code
+
+    loc = args.source
+    scheme = scheme_of(loc)
+    if scheme == "file":
+        loc = loc.split("://", 1)[1]
+    elif scheme is not None:
+        return fail(f"--source {loc!r} is a URL; stream annotate takes a video file", 2)
+    path = Path(os.path.expanduser(loc))
+    if path.is_dir():
+        return fail(f"--source {path} is a folder; annotate one file at a time, or run "
+                    f"`stream run --source {path} --annotate DIR`", 2)  # fmt: skip
+    sid = re.sub(r"[=\s]+", "_", path.stem) or "video"
+    src = Source(sid, str(path))
+    try:
+        expected = probe(src).frames_declared or None
+        ann = Annotator(src, Path(os.path.expanduser(args.output)), hint="pass another --output", publishing=False,
+                        log_errors=False)  # fmt: skip
+        ann.open()  # a bad output is an error now, before any frame is decoded
+        pipe = Pipeline([f"{sid}={glob.escape(str(path))}"], model=args.model, device=args.device,
+                        device_id=args.device_id)  # fmt: skip
+    except StreamError as exc:
+        return fail(exc, 2)
+    ann.start()
+    end: dict[str, Any] | None = None
+    bars = ProgressBars(progress_enabled(args.progress))
+    try:
+        with bars:
+            for msg in pipe:
+                ann.put(msg)
+                if msg["type"] == "eos" or (msg["type"] == "status" and msg.get("state") == "failed"):
+                    end = msg
+                bars.update(sid, ann.frames, expected)
+                if ann.error:  # the output cannot be written: no point in detecting on
+                    break
+            ann.finish()
+            while not ann.join(0.2):
+                bars.update(sid, ann.frames, expected)
+            bars.update(sid, ann.frames, expected)
+    except StreamError as exc:  # the model or the device
+        ann.abort()
+        ann.join(10.0)
+        return fail(exc, 2)
+    except KeyboardInterrupt:
+        ann.abort()
+        ann.join(10.0)
+        return fail(f"interrupted; {ann.output} holds the {ann.frames} frames written", 130)
+    if ann.error:
+        return fail(ann.error, 1)
+    print(f"{ann.output}: {ann.frames} frames, {ann.detections} detections", flush=True)
+    if end is not None and end["type"] == "status":
+        return fail(f"{end.get('error')}; {ann.output} holds the {ann.frames} frames decoded before", 1)
+    return 0
+
+
 # -- export-model and sample ----------------------------------------------------------------------------------
 def _add_export(sub: Any) -> None:
     p = sub.add_parser("export-model", help="export torchvision's RetinaNet to ONNX (needs the 'export' extra)")
@@ -284,6 +388,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ctl(sub)
     _add_keys(sub)
     _add_export(sub)
+    _add_annotate(sub)
     _add_sample(sub)
     return parser
 

@@ -19,6 +19,7 @@ FORMATS = ("json", "msgpack")
 PROGRESS = ("auto", "on", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 RTSP_TRANSPORTS = ("tcp", "udp")
+LIVE_DECODES = ("auto", "nvdec", "cpu")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Config:
     log_format: str = "text"  # "text" for people, "json" for one JSON object per line
     duration_s: float = 0.0  # 0: until every source has ended
     loop: bool = False  # replay every file source forever
+    annotate_dir: str = ""  # write <dir>/<stream id>.mp4 with the detections drawn, per file stream; "": none
     metrics_port: int = 0  # 0: no metrics server
     metrics_host: str = "127.0.0.1"
     control: str = ""  # control endpoint; "": none (the run ends with its sources)
@@ -57,6 +59,7 @@ class Config:
     control_roots: tuple[str, ...] = ()  # folders `stream ctl add` may read files under; none: no files
     control_schemes: tuple[str, ...] = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt")
     # live feeds (stream/live.py)
+    live_decode: str = "auto"  # auto: NVDEC on cuda for H.264/HEVC where PyNvVideoCodec imports; nvdec: require it; cpu
     rtsp_transport: str = "tcp"  # TCP: no lost UDP packets, passes NAT and firewalls
     reconnect_initial_s: float = 0.5  # first wait before reconnecting; doubles per failure in a row
     reconnect_max_s: float = 10.0  # the cap on that wait
@@ -85,6 +88,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "log_format": (str, ("text", "json"), None),
     "duration_s": ((int, float), None, (0, 10 * 365 * 86_400)),
     "loop": (bool, None, None),
+    "annotate_dir": (str, None, None),
     "metrics_port": (int, None, (0, 65_535)),
     "metrics_host": (str, None, None),
     "control": (str, None, None),
@@ -92,6 +96,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "curve_clients": (str, None, None),
     "control_roots": (list, None, None),
     "control_schemes": (list, None, None),
+    "live_decode": (str, LIVE_DECODES, None),
     "rtsp_transport": (str, RTSP_TRANSPORTS, None),
     "reconnect_initial_s": ((int, float), None, (0.01, 600)),
     "reconnect_max_s": ((int, float), None, (0.01, 3_600)),

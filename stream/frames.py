@@ -31,6 +31,8 @@ class Batch:
     ready: Any = None  # CUDA event recorded once data is written (device batches only)
     release: Callable[[], None] | None = None  # hands data's buffer back to its pool after inference
     snap_rows: tuple[int, ...] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
+    max_age_s: float | None = None  # live feeds: frames older than this when inference starts are dropped
+    on_stale: Callable[[int], None] | None = None  # counts those drops (the source's "stale" counter)
 
     def done(self) -> None:
         if self.release is not None:

@@ -11,6 +11,16 @@ Every message is multipart `[topic, payload]`: topic is the stream id in UTF-8, 
 
 A stream's last message is its `eos` (it ended and every frame was published) or a `status` with state
 "failed" (frames before the failure were published; `frames` in the status says how many).
+
+`seq` (an additional version-1 field, on every message that crosses ZeroMQ): the publisher's counter per
+stream id, 0, 1, 2, ... over all of that stream's messages (detections, status, eos), assigned by
+`stream.publish.Publisher` when it sends. ZeroMQ drops silently, per subscriber, once that subscriber's
+queue is full (`publish_hwm`); a gap in `seq` is how a subscriber learns how many messages it missed
+(`stream.client.SeqGaps` counts them). A subscriber that joins late starts from whatever `seq` it first
+sees; a `seq` that goes back (a daemon restarted) starts counting again. The in-process
+`stream.api.Pipeline` loses nothing and hands over the messages without `seq`. Readers that do not know
+the field ignore it: `validate` accepts messages with or without it, and rejects one whose `seq` is not a
+non-negative int.
 """
 
 from __future__ import annotations
@@ -108,6 +118,10 @@ def validate(msg: Any) -> dict[str, Any]:
             raise MessageError(f"{kind} message lacks {key!r}")
         if isinstance(msg[key], bool) or not isinstance(msg[key], typ):
             raise MessageError(f"{kind} message field {key!r} has the wrong type: {msg[key]!r}")
+    if "seq" in msg:
+        seq = msg["seq"]
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
+            raise MessageError(f"{kind} message field 'seq' must be a non-negative int; got {seq!r}")
     if kind == "detections":
         for i, d in enumerate(msg["detections"]):
             if not isinstance(d, dict) or not {"box", "score", "label"} <= set(d):

@@ -4,6 +4,12 @@ XPUB rather than PUB: it behaves as PUB for subscribers and also tells us who su
 `--wait-subscribers N` holds the start back until N subscribers are in (ZeroMQ's slow-joiner problem:
 a PUB socket drops what it sends before a subscription has arrived). Worker threads never touch the
 socket; results reach it through the loop.
+
+Every message sent gets `seq`: a counter per stream id (0, 1, 2, ... over detections, status and eos),
+stamped here, at send time, on a copy of the message. ZeroMQ drops per subscriber once that subscriber's
+queue holds `hwm` messages, silently and without telling the publisher which subscriber lost what; the
+subscriber sees the drop as a gap in `seq` (`stream.client.SeqGaps`). The daemon itself never waits for a
+slow subscriber.
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class Publisher:
         self.hwm = hwm
         self.linger_s = linger_s
         self.sent = 0
+        self.seq: dict[str, int] = {}  # the next seq per stream id
         self.subscriptions = 0
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
@@ -92,8 +99,12 @@ class Publisher:
     async def send(self, msg: dict[str, Any]) -> None:
         if self._sock is None:
             raise PublishError("the publisher is not started")
-        payload = messages.encode(msg, self.fmt)
-        await self._sock.send_multipart([msg["stream"].encode(), payload])
+        sid = msg["stream"]
+        seq = self.seq.get(sid, 0)
+        payload = messages.encode({**msg, "seq": seq}, self.fmt)
+        # Counted before the send is awaited: zmq.asyncio keeps queued sends in order, so seq is the wire order.
+        self.seq[sid] = seq + 1
+        await self._sock.send_multipart([sid.encode(), payload])
         self.sent += 1
 
     async def close(self) -> None:

@@ -199,3 +199,52 @@ def test_timeout_zero_or_small_keeps_every_frame(tmp_path: Path, timeout_ms: int
     p = {"x": make_sample_video(tmp_path / "x.mp4", width=96, height=64, fps=10, seconds=0.9)}
     out, _, _ = _run(p, timeout_ms)
     assert [m["frame"] for m in out["x"] if m["type"] == "detections"] == list(range(9))
+
+
+def test_32_streams_in_one_process_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
+    """32 file streams run at once (one task each, batched across streams); a missing file beside them fails
+    alone with its own status message."""
+    sizes = [(96 + 16 * (i % 4), 64 + 16 * (i // 8)) for i in range(32)]
+    counts = [3 + i % 6 for i in range(32)]  # 3..8 frames at 10 fps: most end on a partial batch
+    paths = {
+        f"cam{i:02d}": make_sample_video(tmp_path / f"c{i}.mp4", width=w, height=h, fps=10, seconds=n / 10)
+        for i, ((w, h), n) in enumerate(zip(sizes, counts))
+    }
+    paths["broken"] = tmp_path / "missing.mp4"
+    info = load_info(default_model_path())
+    cfg = config.load(None, {"device": "cpu", "progress": "off", "batch_timeout_ms": 100})
+    engine = CountingEngine(CpuEngine(info))
+    sink = ListSink()
+    runner = pipeline.Runner(cfg, [Source(k, str(v)) for k, v in paths.items()], info, engine, sink, handle_signals=False)
+    stats = asyncio.run(runner.run())
+    by: dict[str, list[dict[str, Any]]] = {}
+    for m in sink.messages:
+        by.setdefault(m["stream"], []).append(m)
+    for i, n in enumerate(counts):
+        sid = f"cam{i:02d}"
+        assert stats[sid].state == "completed", stats[sid].error
+        assert [m["frame"] for m in by[sid] if m["type"] == "detections"] == list(range(n)), sid
+        assert by[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n}
+    assert stats["broken"].state == "failed" and "missing.mp4" in (stats["broken"].error or "")
+    assert by["broken"][-1]["type"] == "status" and by["broken"][-1]["state"] == "failed"
+    assert any(len(r) > 1 for r in engine.runs)  # frames of different streams shared runs
+
+
+def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None:
+    drops: list[int] = []
+
+    def live(stream: str, n: int, age_s: float) -> Any:
+        def make() -> Batch:
+            b = _make_part(stream, n, 0, age_s, None)
+            b.max_age_s, b.on_stale = 0.5, drops.append
+            return b
+
+        return make
+
+    eng = RecordingEngine()
+    res, sizes, _ = asyncio.run(_batcher_case(eng, 0.05, [
+        (live("old", 2, age_s=5.0), 0.0),  # all stale by the time a worker takes it: not run
+        (_part("file", 1, age_s=5.0), 0.0),  # a file's frames are never dropped, however old
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["file"] and sizes == [1]
+    assert res[0] == [] and len(res[1]) == 1 and drops == [2]
