@@ -19,6 +19,14 @@ Decision record:
   [0.5, 1] of the step (so a later wait is never shorter than an earlier one's upper half; thundering herds
   of cameras spread out). The streak resets once a connection delivers a frame.
 - Credentials never leave this module: every message goes through `_scrub` (the URL redacted).
+- Two decode routes (`live_decode`): NVDEC frame by frame (stream/decode_nvdec.py: PyNvVideoCodec on PyAV's
+  packets, rows made from NV12 on the GPU) where the device is cuda, PyNvVideoCodec imports and the feed is
+  H.264/HEVC 4:2:0 ("auto", the default; "nvdec" requires it); PyAV on the CPU everywhere else ("cpu" forces
+  it). Both fill the same pooled batches through a row strategy (HostRows: numpy rows from RGB; DeviceRows:
+  CuPy rows written on the source's own CUDA stream, each handed-out batch carrying an event as Batch.ready);
+  drops, staleness, states and reconnects are the same code. A frame on the NVDEC route never goes to the host.
+- An NVDEC failure on a feed (decoder, kernels) is logged and the feed is decoded on the CPU from its next
+  keyframe on, for the rest of the run: a stream is never failed by its decoder route.
 """
 
 from __future__ import annotations
@@ -36,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from .config import Config
-from .errors import SourceError
+from .errors import SourceError, first_line
 from .frames import Batch, FrameMeta
 from .model import ModelInfo
 from .preprocess import HostPreprocessor
@@ -48,9 +56,35 @@ StateFn = Callable[[str, str | None], None]
 _USERINFO = re.compile(r"(?<=://)[^/@\s'\"]+@")
 
 
+class HostRows:
+    """Row strategy of the CPU route: RGB frames (PyAV) resized and normalized into rows of numpy batches."""
+
+    device = False
+
+    def __init__(self, info: ModelInfo) -> None:
+        self._pre = HostPreprocessor(info)
+
+    def new_batch(self) -> np.ndarray:
+        return self._pre.new_batch()
+
+    def fill(self, data: np.ndarray, row: int, rgb: np.ndarray) -> None:
+        self._pre.fill(data, row, rgb)
+
+    def shift(self, data: np.ndarray, src: int, n: int) -> None:
+        data[:n] = data[src : src + n]  # numpy copies overlapping rows safely
+
+    def ready(self) -> None:
+        return None
+
+
+class _Fatal(Exception):
+    """Ends the reader: the stream fails with this message (no reconnect)."""
+
+
 @dataclass
 class _Pending:
-    data: np.ndarray
+    data: Any  # numpy (HostRows) or cupy (DeviceRows) [batch, 3, H, W]
+    rows: Any  # the row strategy that owns data
     frames: list[FrameMeta] = field(default_factory=list)
 
 
@@ -70,7 +104,11 @@ def backoff_s(streak: int, initial_s: float, max_s: float) -> float:
 
 
 class LiveBatchSource:
-    """A live URL as model batches; iteration ends only on close() or a SourceError (max_reconnects)."""
+    """A live URL as model batches; iteration ends only on close() or a SourceError (max_reconnects).
+
+    `device` is the run's device ("cpu" or "cuda"): with "cuda", `cfg.live_decode` picks the NVDEC route
+    where it can run (module docstring). `route` says which one is in use ("nvdec" or "cpu").
+    """
 
     def __init__(
         self,
@@ -80,12 +118,14 @@ class LiveBatchSource:
         on_state: StateFn | None = None,
         pool: int = 3,
         *,
+        device: str = "cpu",
         on_drop: Callable[[str, int], None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
     ) -> None:
         self.stream = src.id
         self.src = src
         self.cfg = cfg
+        self.info = info
         self.frames_expected: int | None = None
         self.on_state = on_state
         self.on_drop = on_drop
@@ -93,9 +133,14 @@ class LiveBatchSource:
         self.dropped: dict[str, int] = {}
         self.reconnects = 0
         self.state = "starting"
-        self._pre = HostPreprocessor(info)
+        self._where = f"stream {src.id}: url {redact(src.location)}"
         self._batch = info.batch
-        self._free = [self._pre.new_batch() for _ in range(max(1, pool))]
+        self._pool = max(1, pool)
+        self._host_rows = HostRows(info)
+        self._dev_rows: Any = None
+        self.route = self._choose_route(device)
+        self._rows: Any = self._dev_rows if self.route == "nvdec" else self._host_rows
+        self._free = [self._rows.new_batch() for _ in range(self._pool)]
         self._cond = threading.Condition()
         self._ready: deque[_Pending] = deque()
         self._filling: _Pending | None = None
@@ -103,7 +148,34 @@ class LiveBatchSource:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._index = 0  # FrameMeta.index: counts on across reconnects
-        self._where = f"stream {src.id}: url {redact(src.location)}"
+
+    def _choose_route(self, device: str) -> str:
+        """"nvdec" or "cpu" for this feed, from `live_decode` and what this machine has (before connecting: the
+        feed's codec is checked per connection)."""
+        mode = getattr(self.cfg, "live_decode", "auto")
+        if mode == "cpu":
+            log.debug("%s: live_decode = cpu: decoding on the CPU with PyAV", self._where)
+            return "cpu"
+        from .decode_nvdec import nvdec_unavailable_reason
+
+        why = nvdec_unavailable_reason(device, self.cfg.device_id)
+        if why is None:
+            try:
+                from .decode_nvdec import DeviceRows
+
+                self._dev_rows = DeviceRows(self.info, self.cfg.device_id)
+            except Exception as exc:  # cupy present but unusable for this
+                why = f"CuPy cannot hold its batches ({first_line(exc)})"
+        if why is None:
+            return "nvdec"
+        if mode == "nvdec":
+            raise SourceError(
+                f"{self._where}: live_decode = \"nvdec\" but NVDEC cannot decode live feeds here: {why}; "
+                f"run with --device cuda on a machine with PyNvVideoCodec, or set live_decode = \"auto\" or \"cpu\"",
+                stream=self.stream,
+            )
+        log.debug("%s: decoding on the CPU with PyAV (live_decode = auto: %s)", self._where, why)
+        return "cpu"
 
     # -- consumer side (the pipeline's decode thread) -------------------------------------------------------
     def __iter__(self) -> Iterator[Batch]:
@@ -137,17 +209,37 @@ class LiveBatchSource:
         if stale:
             self._drop("stale", stale)
         keep = p.frames[stale:]
+        data, rows = p.data, p.rows
         if not keep:
-            self._give_back(p.data)
+            self._give_back(data, rows)
             return None
         if stale:
-            p.data[: len(keep)] = p.data[stale : stale + len(keep)]  # numpy copies overlapping rows safely
-        data = p.data
-        return Batch(self.stream, keep, data, release=lambda: self._give_back(data))
+            rows.shift(data, stale, len(keep))
+        # device rows: an event after every write to this batch (fills were enqueued under the lock, before it
+        # left _filling/_ready); the inference stream waits on it. max_age_s/on_stale: the batcher drops (and
+        # counts) frames that go stale while the batch waits for other streams or an inference slot.
+        return Batch(self.stream, keep, data, ready=rows.ready(), release=lambda: self._give_back(data, rows),
+                     max_age_s=limit, on_stale=lambda n: self._drop("stale", n))
 
-    def _give_back(self, data: np.ndarray) -> None:
+    def _give_back(self, data: Any, rows: Any = None) -> None:
         with self._cond:
-            self._free.append(data)
+            if rows is None or rows is self._rows:
+                self._free.append(data)
+            # else: the feed changed route since (NVDEC -> CPU): the old route's buffer is let go
+
+    def _use_rows(self, rows: Any) -> None:
+        """Fill batches of `rows` from now on (the NVDEC route fell back to the CPU, or the reverse)."""
+        if rows is self._rows:
+            return
+        fresh = [rows.new_batch() for _ in range(self._pool)]
+        with self._cond:
+            p = self._filling
+            if p is not None and p.frames:  # what the old route decoded is still handed out
+                self._ready.append(p)
+            self._filling = None
+            self._rows = rows
+            self._free = fresh
+            self._cond.notify_all()
 
     def close(self) -> None:
         """End iteration now. The reader thread leaves at its next packet or timeout (it is a daemon)."""
@@ -182,6 +274,11 @@ class LiveBatchSource:
         cfg = self.cfg
         streak = 0  # reconnects in a row without a frame in between
         try:
+            if self.route == "nvdec":
+                try:
+                    self._dev_rows.warm_up()  # CuPy compiles the row kernels now, not on the first frame
+                except Exception as exc:
+                    self._nvdec_failed(exc)
             while not self._closed.is_set():
                 self._set_state("connecting")
                 why, streamed = self._session()
@@ -201,6 +298,8 @@ class LiveBatchSource:
                 self._set_state("reconnecting", f"{why}; reconnecting in {delay:.1f} s")
                 if self._closed.wait(delay):
                     return
+        except _Fatal as exc:
+            self._fail(self._scrub(str(exc)))
         except Exception as exc:  # a bug here must fail the stream, not leave it silent
             log.exception("%s: live reader failed", self._where)
             self._fail(f"{self._where}: internal error in the live reader: {self._scrub(repr(exc))}")
@@ -210,6 +309,36 @@ class LiveBatchSource:
         with self._cond:
             self._error = SourceError(message, stream=self.stream)
             self._cond.notify_all()
+
+    def _nvdec_failed(self, exc: BaseException) -> None:
+        """NVDEC failed on this feed: log it, and decode the feed on the CPU from now on."""
+        log.warning("%s: NVDEC decoding failed (%s); decoding this feed on the CPU with PyAV from its next "
+                    "keyframe on", self._where, self._scrub(first_line(exc)))
+        self.route = "cpu"
+        self._use_rows(self._host_rows)
+
+    def _open_nvdec(self, vs: Any) -> Any:
+        """This connection's NVDEC decoder, or None (the CPU decodes it). Raises _Fatal where NVDEC is required."""
+        from .decode_nvdec import NvdecDecoder, nvdec_refusal, pix_fmt_name
+
+        ctx = vs.codec_context
+        refusal = nvdec_refusal(ctx.name, pix_fmt_name(ctx))
+        if refusal is not None:
+            if self.cfg.live_decode == "nvdec":
+                raise _Fatal(f"{self._where}: live_decode = \"nvdec\" but {refusal}; set live_decode = \"auto\" "
+                             f"(or \"cpu\") to decode this feed on the CPU")
+            log.warning("%s: %s; decoding this feed on the CPU with PyAV", self._where, refusal)
+            self._use_rows(self._host_rows)
+            return None
+        try:
+            dec = NvdecDecoder(vs, stream_id=self.stream, device_id=self.cfg.device_id, cuda_stream=self._dev_rows.stream)
+        except Exception as exc:
+            self._nvdec_failed(exc)
+            return None
+        self._use_rows(self._dev_rows)
+        log.info("%s: decoding %s on NVDEC (PyNvVideoCodec, %s latency)", self._where, ctx.name,
+                 "low" if dec.low_latency else "native")
+        return dec
 
     def _session(self) -> tuple[str, bool]:
         """One connection: read until it ends, errs or stalls. Returns (why it ended, whether a frame came)."""
@@ -222,34 +351,59 @@ class LiveBatchSource:
             return f"cannot connect ({self._err(exc)})", False
         streamed = False
         last = time.monotonic()
+        nvdec: Any = None
         try:
             if not container.streams.video:
                 return "the feed has no video stream", False
             vs = container.streams.video[0]
+            if self.route == "nvdec":
+                nvdec = self._open_nvdec(vs)
+            wait_key = False  # the CPU decoder took over mid-connection: it starts at a keyframe
             for packet in container.demux(vs):
                 if self._closed.is_set():
                     return "closed", streamed
                 arrived = time.time()
-                try:
-                    frames = vs.decode(packet)
-                except av.error.InvalidDataError:  # a damaged packet: live feeds lose some, go on
-                    frames = []
-                for frame in frames:
-                    if not streamed:
-                        streamed = True
-                        self._set_state("streaming")
-                    last = time.monotonic()
-                    self._offer(frame, arrived)
+                if nvdec is not None:
+                    try:
+                        for nvframe, pts_s in nvdec.decode(packet):
+                            if not streamed:
+                                streamed = True
+                                self._set_state("streaming")
+                            last = time.monotonic()
+                            self._offer_nvdec(nvframe, pts_s, arrived)
+                    except Exception as exc:  # NvdecError, a CUDA error in the row kernels
+                        self._nvdec_failed(exc)
+                        nvdec.close()
+                        nvdec, wait_key = None, True
+                else:
+                    if wait_key and packet.size and not packet.is_keyframe:
+                        frames = []
+                    else:
+                        wait_key = False
+                        try:
+                            frames = vs.decode(packet)
+                        except av.error.InvalidDataError:  # a damaged packet: live feeds lose some, go on
+                            frames = []
+                    for frame in frames:
+                        if not streamed:
+                            streamed = True
+                            self._set_state("streaming")
+                        last = time.monotonic()
+                        self._offer(frame, arrived)
                 if time.monotonic() - last > stall:
                     self._set_state("stalled", f"no frame for {stall:g} s")
                     return f"no frame for {stall:g} s", streamed
             return "the server ended the stream", streamed
+        except _Fatal:
+            raise
         except Exception as exc:
             if time.monotonic() - last >= stall / 2:  # the read timeout fired: the feed went quiet
                 self._set_state("stalled", f"no data for {time.monotonic() - last:.1f} s")
                 return f"no data for {stall:g} s", streamed
             return f"reading failed ({self._err(exc)})", streamed
         finally:
+            if nvdec is not None:
+                nvdec.close()
             container.close()
 
     def _err(self, exc: BaseException) -> str:
@@ -257,20 +411,37 @@ class LiveBatchSource:
         return self._scrub(text or type(exc).__name__)
 
     def _offer(self, frame: Any, arrived: float) -> None:
-        """Put one decoded frame into the batch being filled, or drop it when no buffer is free."""
+        """Put one frame PyAV decoded into the batch being filled, or drop it when no buffer is free."""
         meta = FrameMeta(self._index, frame.time, arrived, frame.width, frame.height)
         self._index += 1
+        with self._cond:
+            full = self._filling is None and not self._free
+        if full:  # no buffer to put it in: drop it before spending a colour conversion on it
+            self._drop("no_buffer")
+            return
         rgb = frame.to_ndarray(format="rgb24")
+        if self._rows is not self._host_rows:
+            self._use_rows(self._host_rows)
+        self._put(self._host_rows, rgb, meta)
+
+    def _offer_nvdec(self, frame: Any, pts_s: float | None, arrived: float) -> None:
+        """Put one NVDEC frame (decode_nvdec.NvdecFrame, on the device) into the batch being filled, or drop it."""
+        meta = FrameMeta(self._index, pts_s, arrived, frame.width, frame.height)
+        self._index += 1
+        self._put(self._dev_rows, frame, meta)
+
+    def _put(self, rows: Any, item: Any, meta: FrameMeta) -> None:
         with self._cond:
             p = self._filling
             if p is None:
-                if not self._free:
+                if not self._free or rows is not self._rows:
                     p = None
                 else:
-                    p = self._filling = _Pending(self._free.pop())
+                    p = self._filling = _Pending(self._free.pop(), rows)
             if p is not None:
-                # filled under the lock: the consumer may take a partial batch at any moment
-                self._pre.fill(p.data, len(p.frames), rgb)
+                # filled under the lock: the consumer may take a partial batch at any moment (on the device
+                # this enqueues the row's kernels on the source's stream)
+                rows.fill(p.data, len(p.frames), item)
                 p.frames.append(meta)
                 if len(p.frames) == self._batch:
                     self._ready.append(p)
