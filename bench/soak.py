@@ -112,6 +112,29 @@ class RtspServer:
         return f"rtsp://127.0.0.1:{self.port}/pattern"
 
 
+class PacedServer:
+    """tests/paced_feed.py: a file served as MPEG-TS over TCP at its frame rate, looped (no GStreamer needed)."""
+
+    def __init__(self, port: int, video: Path) -> None:
+        self.port = port
+        self.video = video
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_feed.py"), str(self.video),
+                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        time.sleep(0.5)  # it takes one client at a time: no probe connection
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait(10)
+            self.proc = None
+
+    def url(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+
 def gst_rtsp_missing() -> str | None:
     probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
     try:
@@ -325,7 +348,8 @@ class Soak:
         self.faults: dict[str, Fault] = {}
         self.kinds: dict[str, str] = {}  # stream id -> file, live, ctl-file, ...
         self.expect_fail: set[str] = set()  # streams a fault makes fail (clearly) by design
-        self.rtsp: RtspServer | None = None
+        self.rtsp: RtspServer | PacedServer | None = None  # the first live server (None: no live feeds)
+        self.servers: list[RtspServer | PacedServer] = []
         self.proc: subprocess.Popen[bytes] | None = None
         self.samples: list[dict[str, Any]] = []
         self.last_metrics: list[tuple[str, dict[str, str], float]] | None = None
@@ -349,21 +373,30 @@ class Soak:
         vids = self.work / "videos"
         vids.mkdir(exist_ok=True)
         sources = []
+        w, h = a.size
         for i in range(a.files):  # lengths differ, so the passes of the streams do not line up
-            p = make_sample_video(vids / f"file{i}.mp4", width=320, height=240, seconds=3.0 + 0.5 * i)
+            p = make_sample_video(vids / f"file{i}.mp4", width=w, height=h, seconds=3.0 + 0.5 * i)
             sources.append(f"file{i}={p}")
             self.kinds[f"file{i}"] = "file"
         make_sample_video(vids / "extra.mp4", width=320, height=240, seconds=4.0)
         (vids / "corrupt.mp4").write_bytes(b"\x00\x00\x00\x18ftypmp42" + os.urandom(64 * 1024))
         if a.live:
-            missing = gst_rtsp_missing()
-            if missing:
+            missing = gst_rtsp_missing() if a.live_kind != "paced" else "--live-kind paced"
+            if missing and a.live_kind == "rtsp":
                 raise RuntimeError(f"--live {a.live} needs GStreamer's RTSP server: {missing}")
-            self.rtsp = RtspServer(free_port())
-            self.rtsp.start()
+            if missing:  # one paced TCP feed per live stream (it takes one client at a time)
+                log(f"live feeds: paced MPEG-TS over TCP (tests/paced_feed.py) instead of RTSP: {missing}")
+                feed = make_sample_video(vids / "live.mp4", width=w, height=h, seconds=4.0)
+                self.servers = [PacedServer(free_port(), feed) for _ in range(a.live)]
+            else:
+                rtsp = RtspServer(free_port())
+                self.servers = [rtsp]
+            for srv in self.servers:
+                srv.start()
             for j in range(a.live):
-                sources.append(f"live{j}={self.rtsp.url()}")
+                sources.append(f"live{j}={self.servers[min(j, len(self.servers) - 1)].url()}")
                 self.kinds[f"live{j}"] = "live"
+            self.rtsp = self.servers[0]
         help_text = subprocess.run([sys.executable, "-m", "stream", "run", "--help"], capture_output=True,
                                    text=True, cwd=ROOT).stdout  # fmt: skip
         self.annotate = "--annotate" in help_text and not a.no_annotate
@@ -384,6 +417,8 @@ class Soak:
                *[x for s in sources for x in ("--source", s)], "--device", a.device, "--loop",
                "--control", self.control, "--metrics-port", str(self.mport), "--publish", self.publish,
                "--wait-subscribers", "1", "--progress", "off"]  # fmt: skip
+        if a.model:
+            cmd += ["--model", a.model]
         if self.annotate:
             cmd += ["--annotate", str(self.annotate_dir)]
         self.cmd = cmd
@@ -442,16 +477,18 @@ class Soak:
     def f_rtsp(self, steady: Steady) -> None:
         if self.rtsp is None:
             return
-        f = self.fault("RTSP server killed and restarted")
+        f = self.fault("live server killed and restarted")
         f.injected += 1
         lives = [s for s, k in self.kinds.items() if k == "live"]
         mark = {s: len(steady.streams.get(s, StreamLog()).states) for s in lives}
-        self.rtsp.kill()
+        for srv in self.servers:
+            srv.kill()
         saw = wait_until(lambda: all(any(st == "reconnecting" for _, st, _ in steady.streams[s].states[mark[s]:])
                                      for s in lives), 30)  # fmt: skip
         time.sleep(2.0)
         restarted = time.time()
-        self.rtsp.start()
+        for srv in self.servers:
+            srv.start()
         frames0 = {s: steady.streams[s].frames for s in lives}
 
         def back() -> bool:
@@ -568,11 +605,11 @@ class Soak:
             (0.05, "warm-up memory", lambda: setattr(self, "warm_rss", rss_kb(pid)[0])),
             (0.10, "subscriber churn", lambda: self.f_churn(steady)),
             (0.20, "bad sources via ctl", lambda: self.f_bad_sources(steady)),
-            (0.30, "RTSP server kill + restart", lambda: self.f_rtsp(steady)),
+            (0.30, "live server kill + restart", lambda: self.f_rtsp(steady)),
             (0.40, "file removed while read", lambda: self.f_removed(steady)),
             (0.50, "subscriber churn", lambda: self.f_churn(steady)),
             (0.55, "annotate target unwritable", lambda: self.f_annotate(steady)),
-            (0.70, "RTSP server kill + restart", lambda: self.f_rtsp(steady)),
+            (0.70, "live server kill + restart", lambda: self.f_rtsp(steady)),
             (0.80, "subscriber churn", lambda: self.f_churn(steady)),
             (0.88, "the subscriber that does not read starts reading", never.read),
         ]
@@ -613,8 +650,8 @@ class Soak:
         steady.stop()
         steady.join(5)
         never.close()
-        if self.rtsp is not None:
-            self.rtsp.kill()
+        for srv in self.servers:
+            srv.kill()
         self.daemon_log.close()
         return self.evaluate(steady, never, running, code, stop_s, died, rss_before_stop)
 
@@ -755,6 +792,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--files", type=int, default=4, help="file streams, looped (default 4)")
     ap.add_argument("--live", type=int, default=1, help="live feeds from the RTSP test server (default 1)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", help="ONNX model for the daemon (default: the shipped small model)")
+    ap.add_argument("--size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"), help="test videos' size")
+    ap.add_argument("--live-kind", choices=("auto", "rtsp", "paced"), default="auto",
+                    help="live feeds from GStreamer's RTSP server, or paced MPEG-TS over TCP (auto: RTSP when installed)")
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     ap.add_argument("--hwm", type=int, default=1000, help="publish_hwm of the daemon (default 1000)")
     ap.add_argument("--churn", type=int, default=50, help="subscribers per churn burst (3 bursts; default 50)")
@@ -773,8 +814,8 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if soak.proc is not None and soak.proc.poll() is None:
             soak.proc.kill()
-        if soak.rtsp is not None:
-            soak.rtsp.kill()
+        for srv in soak.servers:
+            srv.kill()
         soak.ctx.destroy(linger=0)  # closes what a failed run left open instead of waiting for it
         if not args.keep and not args.workdir:
             shutil.rmtree(soak.work, ignore_errors=True)

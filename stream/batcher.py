@@ -14,17 +14,22 @@ Decision record:
   have outlived `max_staleness_ms` while they waited (for other streams, for a free inference slot) are
   dropped and counted as "stale" instead of being run, so an overloaded daemon spends the GPU on fresh
   frames and latency stays bounded rather than growing with the queue. Files have no budget: lossless.
-- Everything here runs on the event loop except the stacking and the inference (worker threads).
+- Everything here runs on the event loop except the stacking and the inference: `buffers` worker threads
+  of the batcher's own take batches from a priority queue, oldest first, where a live feed's batch counts
+  as queued half its staleness budget (`max_staleness_ms / 2`) earlier than it was: it goes ahead of file
+  batches that have waited less than that (a live frame that waits goes stale and is dropped; a lossless
+  file only finishes later), and files still progress when live feeds alone would fill the GPU.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import queue
+import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -39,13 +44,12 @@ class Batcher:
     def __init__(
         self,
         engine: Engine,
-        executor: Executor,
         info: ModelInfo,
         timeout_s: float,
         on_batch: Callable[[int], None] | None = None,
+        workers: int | None = None,
     ) -> None:
         self.engine = engine
-        self.executor = executor
         self.info = info
         self.timeout_s = timeout_s
         self.on_batch = on_batch  # frames per inference run (metrics)
@@ -56,6 +60,16 @@ class Batcher:
         self._host_pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._copy_stream: Any = None
         self.merged = 0  # inference runs that carried frames of more than one batch
+        # (due, order, parts, future, loop): earliest due first; a live batch is due half its staleness budget
+        # before it was queued, so it goes ahead of file batches queued less than that before it
+        self._work_q: queue.PriorityQueue[tuple[float, int, Any, Any, Any]] = queue.PriorityQueue()
+        self._order = itertools.count()
+        self._workers = [
+            threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True)
+            for i in range(workers or engine.buffers)
+        ]
+        for t in self._workers:
+            t.start()
 
     # -- on the loop ----------------------------------------------------------------------------------------
     def submit(self, batch: Batch) -> asyncio.Future[list[FrameResult]]:
@@ -95,7 +109,10 @@ class Batcher:
 
     def _run(self, parts: list[Batch]) -> list[asyncio.Future[list[FrameResult]]]:
         loop = asyncio.get_running_loop()
-        whole = loop.run_in_executor(self.executor, self._work, parts)
+        whole: asyncio.Future[list[list[FrameResult]]] = loop.create_future()
+        budgets = [b.max_age_s for b in parts if b.max_age_s is not None]
+        due = time.monotonic() - (min(budgets) / 2 if budgets else 0.0)
+        self._work_q.put((due, next(self._order), parts, whole, loop))
         if len(parts) == 1:
             one: asyncio.Future[list[FrameResult]] = loop.create_future()
             whole.add_done_callback(lambda f: _settle([one], f))
@@ -104,7 +121,27 @@ class Batcher:
         whole.add_done_callback(lambda f: _settle(outs, f))
         return outs
 
+    def close(self) -> None:
+        """Let the workers finish what is queued, then stop them."""
+        for _ in self._workers:
+            self._work_q.put((float("inf"), next(self._order), None, None, None))
+        for t in self._workers:
+            t.join()
+        self._workers = []
+
     # -- in a worker thread ---------------------------------------------------------------------------------
+    def _worker(self) -> None:
+        while True:
+            _, _, parts, fut, loop = self._work_q.get()
+            if parts is None:
+                return
+            try:
+                res = self._work(parts)
+            except BaseException as exc:  # handed to the streams whose batches these were
+                _resolve(loop, fut, None, exc)
+            else:
+                _resolve(loop, fut, res, None)
+
     def _work(self, parts: list[Batch]) -> list[list[FrameResult]]:
         """Drop what went stale while waiting (live feeds), then one inference run; results per part."""
         starts = [_stale_prefix(b) for b in parts]
@@ -188,6 +225,21 @@ def _stale_prefix(b: Batch) -> int:
     if n and b.on_stale is not None:
         b.on_stale(n)
     return n
+
+
+def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], res: Any, exc: BaseException | None) -> None:
+    def done() -> None:
+        if fut.done():
+            return
+        if exc is not None:
+            fut.set_exception(exc)
+        else:
+            fut.set_result(res)
+
+    try:
+        loop.call_soon_threadsafe(done)
+    except RuntimeError:  # the loop is closed: nobody waits for this any more
+        pass
 
 
 def _settle(outs: list[asyncio.Future[list[FrameResult]]], f: asyncio.Future[list[list[FrameResult]]]) -> None:

@@ -195,9 +195,8 @@ class Runner:
         self.progress = progress
         self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
         self._factory = source_factory or (lambda s: make_source(s, info, engine.device, cfg))
-        self._infer = ThreadPoolExecutor(max_workers=engine.buffers, thread_name_prefix="infer")
         on_batch = metrics.batch_size.observe if metrics is not None else None
-        self.batcher = Batcher(engine, self._infer, info, cfg.batch_timeout_ms / 1000.0, on_batch)
+        self.batcher = Batcher(engine, info, cfg.batch_timeout_ms / 1000.0, on_batch)
         self._stopping = asyncio.Event()
         self._signals = 0
         self._tg: asyncio.TaskGroup | None = None
@@ -558,7 +557,7 @@ class Runner:
                 timer.cancel()
             for sig in installed:
                 loop.remove_signal_handler(sig)
-            self._infer.shutdown(wait=True)
+            await asyncio.to_thread(self.batcher.close)
         return self.stats
 
 

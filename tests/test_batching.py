@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -136,15 +135,14 @@ def _make_part(stream: str, n: int, start: int, age_s: float, released: list[str
 
 async def _batcher_case(engine: RecordingEngine, timeout_s: float, parts: list[tuple[Any, float]]) -> list[Any]:
     info = INFO
-    ex = ThreadPoolExecutor(1)
     sizes: list[int] = []
-    b = Batcher(engine, ex, info, timeout_s, on_batch=sizes.append)
+    b = Batcher(engine, info, timeout_s, on_batch=sizes.append, workers=1)
     futs = []
     for part, delay in parts:
         await asyncio.sleep(delay)
         futs.append(b.submit(part()))
     res = await asyncio.gather(*futs, return_exceptions=True)
-    ex.shutdown()
+    await asyncio.to_thread(b.close)
     return [res, sizes, b]
 
 
@@ -248,3 +246,33 @@ def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None
     ]))  # fmt: skip
     assert [x[0] for x in eng.batches] == ["file"] and sizes == [1]
     assert res[0] == [] and len(res[1]) == 1 and drops == [2]
+
+
+def test_live_batches_go_before_queued_file_batches() -> None:
+    """With the one inference slot busy, a live batch queued just after file batches runs before them."""
+    gate = threading.Event()
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "f0":
+                gate.wait(5)  # hold the slot while the others queue up
+            return super().infer(batch)
+
+    def live() -> Batch:
+        b = _make_part("live", 4, 0, 0.0, None)
+        b.max_age_s = 5.0  # counts as queued 2.5 s earlier: ahead of the files queued 0.2 s before it
+        return b
+
+    async def case() -> list[str]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.0, workers=1)
+        futs = [b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(3)]
+        await asyncio.sleep(0.2)
+        futs.append(b.submit(live()))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [x[0] for x in eng.batches]
+
+    assert asyncio.run(case()) == ["f0", "live", "f1", "f2"]
