@@ -131,6 +131,10 @@ class DaliBatchSource:
         cp = self._cp
         width, height = self.vi.width, self.vi.height
         index = 0
+        # One batch is held back until the next one's decoded size is known: DALI gives one size per sequence,
+        # so a sequence in which the resolution changes carries the old size (seen on the H200, 2026-12-02).
+        # When the next size differs, the held batch and the rest of the file are decoded on the CPU.
+        held: tuple[Batch, tuple[int, int], int] | None = None
         for _ in range(self._epoch):
             if self._closed:
                 return
@@ -151,11 +155,12 @@ class DaliBatchSource:
                         if len(fhwc) == 4 and fhwc[1] > 0 and fhwc[2] > 0:
                             height, width = int(fhwc[1]), int(fhwc[2])
             except Exception as exc:
+                start = held[2] if held is not None else index
                 log.warning(
                     "stream %s: NVDEC decoding of file %s failed after %d frames (%s); decoding the rest on the CPU",
-                    self.stream, self.src.location, index, first_line(exc),
+                    self.stream, self.src.location, start, first_line(exc),
                 )
-                yield from self._rest_on_cpu(index)
+                yield from self._rest_on_cpu(start)
                 return
             valid = [i for i, n in enumerate(nums) if n >= 0]
             if valid != list(range(len(valid))):
@@ -164,9 +169,22 @@ class DaliBatchSource:
                 FrameMeta(index + i, float(times[i]) if i < len(times) else None, captured_at, width, height)
                 for i in valid
             ]
+            if not frames:
+                continue
+            if held is not None and held[1] != (width, height):
+                log.warning(
+                    "stream %s: the resolution of file %s changes between frames %d and %d (%dx%d to %dx%d); "
+                    "decoding from frame %d on the CPU", self.stream, self.src.location, held[2], index + len(frames),
+                    held[1][0], held[1][1], width, height, held[2],
+                )
+                yield from self._rest_on_cpu(held[2])
+                return
+            if held is not None:
+                yield held[0]
+            held = (Batch(self.stream, frames, data, ready=ready), (width, height), index)
             index += len(frames)
-            if frames:
-                yield Batch(self.stream, frames, data, ready=ready)
+        if held is not None:
+            yield held[0]
         if self.frames_expected and index < self.frames_expected:
             raise DecodeError(
                 f"stream {self.stream}: file {self.src.location} ended after {index} of the {self.frames_expected} "

@@ -285,6 +285,25 @@ def nv12_to_row(
         out[...] = rgb * consts.a + consts.b
 
 
+def sequence_parameter_sets(annexb: bytes, codec: str) -> bytes:
+    """The SPS NAL units of an Annex-B packet, concatenated (b"" when it has none): H.264 type 7, HEVC 33."""
+    out = []
+    starts = []
+    i = annexb.find(b"\x00\x00\x01")
+    while i >= 0:
+        starts.append(i + 3)
+        i = annexb.find(b"\x00\x00\x01", i + 3)
+    for k, at in enumerate(starts):
+        if at >= len(annexb):
+            continue
+        head = annexb[at]
+        kind = head & 0x1F if codec == "h264" else (head >> 1) & 0x3F
+        if kind == (7 if codec == "h264" else 33):
+            end = starts[k + 1] - 3 if k + 1 < len(starts) else len(annexb)
+            out.append(annexb[at:end].rstrip(b"\x00"))
+    return b"".join(out)
+
+
 def split_nv12(nv12: Any, height: int) -> tuple[Any, Any]:
     """The Y [H, W] and UV [H/2, W] planes of an NV12 frame stored as [H*3/2, W] rows."""
     return nv12[:height], nv12[height : height + (height + 1) // 2]
@@ -359,6 +378,7 @@ class NvdecDecoder:
         self.max_errors = 30  # that many in a row, after frames came, and the feed goes to the CPU (live.py)
         self.packets = 0
         self.frames = 0
+        self._sps: bytes | None = None  # the sequence parameter sets last seen (Annex-B NAL units)
         self._create()
 
     # -- decoder lifetime ------------------------------------------------------------------------------------
@@ -436,6 +456,17 @@ class NvdecDecoder:
                              stream=self.stream_id) from exc
         out: list[tuple[NvdecFrame, float | None]] = []
         for fp in filtered:
+            if key:
+                # A new sequence parameter set may change the resolution; measured on the H200, NVDEC's own
+                # reconfiguration (maxwidth/maxheight) kept the old output size. A new decoder gets it right.
+                sps = sequence_parameter_sets(bytes(fp), self.codec)
+                if sps and self._sps is not None and sps != self._sps:
+                    log.info("stream %s: new sequence parameters (the resolution may change): new NVDEC decoder",
+                             self.stream_id)
+                    out += self.flush()
+                    self._create()
+                if sps:
+                    self._sps = sps
             out += self._decode_one(fp, key)
         return out
 

@@ -590,7 +590,7 @@ def gpu_clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     clips = {
         "gop30": make_sample_video(d / "gop30.mp4", width=1280, height=720, seconds=2.0),  # GOP 30, no B-frames
         "bframes": make_sample_video(d / "bframes.mp4", width=640, height=360, seconds=1.5, bframes=2),
-        "feed": make_sample_video(d / "feed.mp4", width=1280, height=720, seconds=4.0),  # the live feed
+        "feed": make_sample_video(d / "feed.mp4", width=1280, height=720, seconds=10.0),  # the live feed
         "shrink": make_resolution_change(d / "shrink.mkv"),  # 320x240 x10, then 160x96 x8
         "grow": make_resolution_change(d / "grow.mkv", sizes=((160, 96, 8), (320, 240, 10))),
     }
@@ -725,19 +725,20 @@ def test_device_rows_shift_and_ready(model_info: Any) -> None:
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
 def test_nvdec_live_feed_end_to_end(gpu_clips: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
                                     caplog: pytest.LogCaptureFixture) -> None:
-    """(iii) A paced 1280x720 MPEG-TS feed (4 s) over tcp://, device cuda, live_decode nvdec: detections of the
+    """(iii) A paced 1280x720 MPEG-TS feed (10 s: the first run of the CUDA kernels and sessions takes seconds,
+    and a 4 s feed published only 21 frames on the H200, 2026-12-02) over tcp://, device cuda, live_decode nvdec: detections of the
     source's size arrive, the NVDEC route decoded them, and no frame-sized tensor reached the host."""
     from .test_gpu import HostCopyGuard
 
     caplog.set_level(logging.INFO)
     guard = HostCopyGuard(monkeypatch)
-    result, msgs, served = run_paced(gpu_clips["feed"], 8.0, device="cuda", live_decode="nvdec")
+    result, msgs, served = run_paced(gpu_clips["feed"], 14.0, device="cuda", live_decode="nvdec")
     assert result.device == "cuda"
     assert "on NVDEC" in caplog.text, "the feed was not decoded on NVDEC"
     assert "decoding this feed on the CPU" not in caplog.text, "the NVDEC route fell back to the CPU"
-    dets = check_live_messages(msgs, (1280, 720), min_frames=30)  # of 120 served (the first GOP goes to probing)
+    dets = check_live_messages(msgs, (1280, 720), min_frames=30)  # of 300 served (the first GOP goes to probing)
     frame_bytes = 1280 * 720 * 3  # as in test_gpu.py: a frame-sized copy is far above 1% of it
-    print(f"nvdec route: {len(dets)} frames published of 120 served ({served.strip()}); dropped "
+    print(f"nvdec route: {len(dets)} frames published of 300 served ({served.strip()}); dropped "
           f"{result.stats['cam'].dropped}; largest host copy {guard.largest} bytes of {len(guard.copies)}")
     assert guard.copies, "the guard saw no copy at all: it is not wired to the path"
     assert guard.largest < frame_bytes // 100, f"a large device-to-host copy: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
@@ -751,7 +752,7 @@ def test_nvdec_live_detections_match_the_cpu_route(gpu_clips: dict[str, Path], m
     0.03 over the threshold), at most 30% unmatched; a channel swap or a wrong box mapping leaves most unmatched."""
     from .conftest import unmatched
 
-    _, nv, _ = run_paced(gpu_clips["feed"], 8.0, device="cuda", live_decode="nvdec")
+    _, nv, _ = run_paced(gpu_clips["feed"], 14.0, device="cuda", live_decode="nvdec")
     _, cpu, _ = run_paced(gpu_clips["feed"], 8.0, device="cuda", live_decode="cpu")
     by_pts = {round(m["pts_s"], 3): m for m in cpu if m["type"] == "detections"}
     pairs = [(m, by_pts[round(m["pts_s"], 3)]) for m in nv if m["type"] == "detections" and round(m["pts_s"], 3) in by_pts]
@@ -768,3 +769,30 @@ def test_nvdec_live_detections_match_the_cpu_route(gpu_clips: dict[str, Path], m
 
 if __name__ == "__main__":  # python -m tests.test_nvdec VIDEO PORT: serve VIDEO once, paced, as MPEG-TS over TCP
     serve_ts(sys.argv[1], int(sys.argv[2]))
+
+
+def test_sequence_parameter_sets_change_where_the_resolution_does(tmp_path: Path) -> None:
+    """The NVDEC route makes a new decoder when a keyframe brings new SPS bytes (a resolution change): the
+    scan finds the SPS of each part of a real H.264 stream whose size changes, and they differ."""
+    import av
+    from av.bitstream import BitStreamFilterContext
+
+    from stream.decode_nvdec import sequence_parameter_sets
+
+    from .conftest import make_resolution_change
+
+    path = make_resolution_change(tmp_path / "rc.mkv")
+    seen = []
+    with av.open(str(path)) as c:
+        vs = c.streams.video[0]
+        bsf = BitStreamFilterContext("h264_mp4toannexb", vs)
+        for pkt in c.demux(vs):
+            if pkt.size == 0:
+                continue
+            key = pkt.is_keyframe
+            for fp in bsf.filter(pkt):
+                sps = sequence_parameter_sets(bytes(fp), "h264")
+                if key:
+                    seen.append(sps)
+    assert len(seen) == 2 and all(seen) and seen[0] != seen[1]
+    assert sequence_parameter_sets(b"\x00\x00\x01\x65\x88\x84", "h264") == b""  # an IDR slice alone
