@@ -676,7 +676,7 @@ class Soak:
                 lost = max(0, sl.holes - dropped)  # every hole must be a counted drop
             else:
                 lost = sl.holes + (sl.first or 0)
-            end = "-" if sl.end is None else ("eos" if sl.end["type"] == "eos" else f"failed")
+            end = "-" if sl.end is None else ("eos" if sl.end["type"] == "eos" else "failed")
             rows.append({"stream": sid, "kind": kind, "frames_in": frames_in, "published": published,
                          "received": sl.frames, "dropped": drops, "reconnects": reconnects, "lost": lost,
                          "disorder": sl.disorder, "seq_gaps": steady.gaps.dropped.get(sid, 0), "end": end,

@@ -26,7 +26,7 @@ import pytest
 
 from stream.cli import build_parser
 from stream.metrics import Metrics
-from stream.status_page import PAGE, draw, frame_jpeg
+from stream.status_page import draw, frame_jpeg
 
 from .conftest import ROOT, free_port
 
