@@ -345,3 +345,20 @@ def test_max_reconnects_fails_the_stream_alone(videos: dict[str, Path], tmp_path
     states = [s for _, s, _ in sub.states("gone")]
     assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", states
     assert sub.of("file", "eos") and len(sub.frames("file")) == sub.of("file", "eos")[0]["frames"]
+
+
+def test_rtsp_over_udp(server: RtspServer, tmp_path: Path) -> None:
+    """`rtsp_transport = "udp"`: the feed arrives over RTP/UDP on loopback, frames count up, SIGTERM ends it."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sub = Timed(endpoint, expect=1)
+    proc = start_run(endpoint, [f"cam={server.url()}"], "--config", live_config(tmp_path, rtsp_transport="udp"))
+    try:
+        wait_for(lambda: len(sub.frames("cam")) >= 20, 60, "20 frames over UDP")
+        took, _, err = stop_run(proc)
+    finally:
+        proc.kill()
+    sub.join()
+    assert proc.returncode == 0, err
+    assert [s for _, s, _ in sub.states("cam")][:2] == ["connecting", "streaming"]
+    frames = sub.frames("cam")
+    assert frames == sorted(set(frames)) and len(frames) >= 20
