@@ -43,7 +43,6 @@ import os
 import platform
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -62,8 +61,9 @@ from stream import config, pipeline  # noqa: E402
 from stream.live import LiveBatchSource  # noqa: E402
 from stream.model import default_model_path, load_info  # noqa: E402
 from stream.sources import Source  # noqa: E402
+from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
 
-SYSTEM_PYTHON = "/usr/bin/python3"
+from tests.loopback import SYSTEM_PYTHON  # noqa: E402
 RTSP_SERVER = ROOT / "tests" / "rtsp_server.py"
 TARGET_MS = 100.0
 NO_DROP_FEEDS = 8  # up to this many feeds: no drops allowed
@@ -234,18 +234,6 @@ def child_main(spec_json: str) -> None:
 
 
 # -- the subscriber and the orchestration (this process) --------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class Subscriber:
@@ -547,15 +535,6 @@ def plot(res: dict[str, Any], path: Path) -> None:
     fig.savefig(path)
     plt.close(fig)
     print(f"plot: {path} ({path.stat().st_size // 1024} KB)")
-
-
-def gst_rtsp_missing() -> str | None:
-    probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
-    try:
-        r = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{SYSTEM_PYTHON} cannot run: {exc}"
-    return None if r.returncode == 0 else f"{SYSTEM_PYTHON} cannot import GstRtspServer"
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:

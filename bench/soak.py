@@ -35,7 +35,6 @@ import platform
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -56,24 +55,13 @@ sys.path.insert(0, str(ROOT))
 from stream.client import SeqGaps  # noqa: E402
 from stream.messages import decode  # noqa: E402
 from stream.sample import make_sample_video  # noqa: E402
+from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
 
-SYSTEM_PYTHON = "/usr/bin/python3"
+from tests.loopback import SYSTEM_PYTHON  # noqa: E402
 RTSP_SERVER = ROOT / "tests" / "rtsp_server.py"
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def wait_until(cond: Callable[[], bool], timeout_s: float, step_s: float = 0.1) -> bool:
@@ -133,15 +121,6 @@ class PacedServer:
 
     def url(self) -> str:
         return f"tcp://127.0.0.1:{self.port}"
-
-
-def gst_rtsp_missing() -> str | None:
-    probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
-    try:
-        r = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{SYSTEM_PYTHON} cannot run: {exc}"
-    return None if r.returncode == 0 else f"{SYSTEM_PYTHON} cannot import GstRtspServer (see .ci/run for the packages)"
 
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')

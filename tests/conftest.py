@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -15,13 +14,9 @@ import pytest
 from stream.model import default_model_path, load_info
 from stream.sample import make_sample_video
 
+from .loopback import free_port  # noqa: F401 - the tests import it from here
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture

@@ -20,22 +20,14 @@ from typing import Any
 import pytest
 
 from .conftest import ROOT, free_port
+from .loopback import gst_rtsp_missing, port_open
 from .test_e2e import decoded_frames
 
-SYSTEM_PYTHON = "/usr/bin/python3"
+from .loopback import SYSTEM_PYTHON
 SERVER = Path(__file__).resolve().parent / "rtsp_server.py"
 
 
-def _gst_rtsp_missing() -> str | None:
-    probe = "import gi; gi.require_version('GstRtspServer', '1.0'); from gi.repository import GstRtspServer"
-    try:
-        r = subprocess.run([SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{SYSTEM_PYTHON} cannot run: {exc}"
-    return None if r.returncode == 0 else f"{SYSTEM_PYTHON} cannot import GstRtspServer: {r.stderr.strip()[-200:]}"
-
-
-_MISSING = _gst_rtsp_missing()
+_MISSING = gst_rtsp_missing()
 pytestmark = pytest.mark.skipif(_MISSING is not None, reason=f"no GStreamer RTSP server: {_MISSING}")
 
 
@@ -47,14 +39,6 @@ def wait_for(cond: Callable[[], bool], timeout_s: float, what: str) -> float:
             raise AssertionError(f"{what}: not within {timeout_s} s")
         time.sleep(0.05)
     return time.time()
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 class RtspServer:
