@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|bench|sweep|all]     (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|bench|pp|sweep|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -24,21 +24,38 @@ EOF
 }
 
 export_models() {
-  # The full model at 800x800: batch 1 for the naive loop, batch 8 (fp32 and fp16) for the pipeline.
-  for spec in "1 fp32" "8 fp32" "8 fp16"; do
+  # The full model at 800x800, exported in parallel (about a minute in all on the host):
+  # graph post-processing at batch 1 and 8, fp32 and fp16 (batch 1 fp32 is also the naive loop's model), and
+  # device post-processing (`--postprocess device`, dynamic batch) in fp32 and fp16.
+  for spec in "graph 1 fp32" "graph 8 fp32" "graph 1 fp16" "graph 8 fp16" "device 8 fp32" "device 8 fp16"; do
     set -- $spec
-    f=/tmp/models/r50_b$1_$2.onnx
+    if [ "$1" = graph ]; then f=/tmp/models/r50_b$2_$3.onnx; else f=/tmp/models/r50_head_$3.onnx; fi
     [ -f "$f" ] && continue
-    extra=""; [ "$2" = fp16 ] && extra="--fp16"
-    /usr/bin/time -f "export b$1 $2: %e s" python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
-      --weights random --input-size 800 800 --batch "$1" $extra --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
+    extra=""; [ "$3" = fp16 ] && extra="--fp16"
+    ( /usr/bin/time -f "export $1 b$2 $3: %e s" python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
+      --weights random --input-size 800 800 --batch "$2" $extra --score-thresh "$THRESH" --postprocess "$1" \
+      --output "$f" > "$f.log" 2>&1; tail -2 "$f.log" ) &
   done
+  wait
   ls -la /tmp/models
 }
 
 run_tests() {
   # the whole suite: the GPU tests and, on this machine too, the CPU ones
-  python3 -m pytest -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest-all.txt" | tail -40
+  STREAM_TEST_MODELS=/tmp/models python3 -m pytest -q -p no:cacheprovider -rs 2>&1 | tee "$OUT/pytest-all.txt" | tail -40
+}
+
+gpu_tests() {
+  # only the GPU tests (what the CPU machines cannot run), with the models exported above
+  STREAM_TEST_MODELS=/tmp/models python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu tests/test_gpu.py \
+    tests/test_nvdec.py tests/test_gpu_postprocess.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+}
+
+postprocess_bench() {
+  # graph against device post-processing, batch 1/8, fp32/fp16, beside the naive loop; CUDA provider options
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
+  python3 bench/postprocess.py --device cuda --models /tmp/models --video /tmp/hd.mp4 --streams 8 --seconds 5 \
+    --infer-seconds 3 --provider-sweep --json "$OUT/postprocess-cuda.json" 2>&1 | tee "$OUT/postprocess-cuda.txt"
 }
 
 run_bench() {
@@ -52,11 +69,12 @@ run_bench() {
 }
 
 sweep() {
+  # MODEL=... picks the model (default: the fp16 graph model at batch 8)
   # bench/streams.py (fps against streams and buffers, beside the inference-only ceiling) and bench/latency.py
   # (capture-to-publish latency of 1/4/8/16 live feeds: 1080p files paced at 30 fps by the bench, as the host has
   # no GStreamer RTSP server), about 4 minutes each. The PNGs need matplotlib (GPU_EXTRA in wheelhouse.sh);
   # without it the tables and JSON are still written.
-  f=/tmp/models/r50_b8_fp16.onnx
+  f=${MODEL:-/tmp/models/r50_b8_fp16.onnx}
   [ -f "$f" ] || python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random --input-size 800 800 \
     --batch 8 --fp16 --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
   [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
@@ -74,5 +92,7 @@ case $what in
   test) run_tests ;;
   bench) run_bench ;;
   sweep) sweep ;;
+  gputest) gpu_tests ;;
+  pp) postprocess_bench ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

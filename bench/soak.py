@@ -336,6 +336,7 @@ class Soak:
         self.peak_gpu: int | None = None
         self.peak_gpu_gauge = 0.0
         self.final_rss = self.final_gpu = None
+        self.warm_gpu: int | None = None
         self.warm_rss: int | None = None
         self._mon_stop = threading.Event()
         self._mon_fast = threading.Event()
@@ -431,6 +432,7 @@ class Soak:
                 self.final_gpu = gpu
             if m is not None or rss:
                 self.samples.append({"t": round(time.time() - self.started_at, 1), "rss_kb": rss, "gpu_mib": gpu,
+                                     "gpu_gauge_mib": round(metric(m, "stream_gpu_memory_bytes") / 2**20, 1) if m else None,
                                      "frames": metric(m, "stream_frames_total")})  # fmt: skip
             self._mon_fast.wait(0.1 if self._mon_fast.is_set() else self.args.sample_s)
 
@@ -581,7 +583,8 @@ class Soak:
         # (fraction of the run, what): spread over the run, whatever its length
         pid = self.proc.pid
         plan: list[tuple[float, str, Callable[[], None]]] = [
-            (0.05, "warm-up memory", lambda: setattr(self, "warm_rss", rss_kb(pid)[0])),
+            (0.05, "warm-up memory", lambda: (setattr(self, "warm_rss", rss_kb(pid)[0]),
+                                              setattr(self, "warm_gpu", gpu_mib(pid) if a.device == "cuda" else None))),
             (0.10, "subscriber churn", lambda: self.f_churn(steady)),
             (0.20, "bad sources via ctl", lambda: self.f_bad_sources(steady)),
             (0.30, "live server kill + restart", lambda: self.f_rtsp(steady)),
@@ -710,7 +713,7 @@ class Soak:
             "faults": [{"fault": f.name, "injected": f.injected, "survived": f.survived, "notes": f.notes}
                        for f in self.faults.values()],
             "memory": {"rss_warm_kb": self.warm_rss, "rss_peak_kb": max(self.peak_rss, self.peak_hwm),
-                       "rss_before_stop_kb": rss_before_stop, "gpu_peak_mib": self.peak_gpu,
+                       "rss_before_stop_kb": rss_before_stop, "gpu_warm_mib": self.warm_gpu, "gpu_peak_mib": self.peak_gpu,
                        "gpu_final_mib": self.final_gpu, "gpu_gauge_peak_bytes": self.peak_gpu_gauge or None},
             "samples": self.samples,
             "problems": problems,
@@ -751,7 +754,8 @@ def render(r: dict[str, Any]) -> str:
     gpu = ""
     if mem["gpu_peak_mib"] is not None or mem["gpu_gauge_peak_bytes"]:
         gauge = mem["gpu_gauge_peak_bytes"]
-        gpu = f"; GPU (nvidia-smi) peak {mem['gpu_peak_mib']} MiB, final {mem['gpu_final_mib']} MiB"
+        gpu = (f"; GPU (nvidia-smi, this process) after warm-up {mem.get('gpu_warm_mib')} MiB, peak {mem['gpu_peak_mib']} MiB, "
+               f"final {mem['gpu_final_mib']} MiB")
         if gauge:
             gpu += f"; stream_gpu_memory_bytes peak {gauge / 2**20:.0f} MiB"
     out.append("")

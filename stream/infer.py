@@ -49,13 +49,19 @@ class CpuEngine:
             )
         except Exception as exc:
             raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
-        self._sizes = np.zeros((info.batch, 2), np.int64)
+        self.post = None
+        if info.head is not None:
+            from .postprocess import Postprocessor
+
+            self.post = Postprocessor(info.head)
 
     def infer(self, batch: Batch) -> list[FrameResult]:
         info = self.info
         snaps = snapshot_rows(batch, batch.data) if batch.snap_rows else None
+        n = len(batch.frames)
+        x = batch.data[:n] if info.dynamic_batch else batch.data  # a partial batch runs at its own size
         try:
-            outs = self.session.run(info.output_names, {info.input_name: batch.data})
+            outs = self.session.run(info.output_names, {info.input_name: x})
         except Exception as exc:
             raise InferenceError(
                 f"stream {batch.stream}: model {info.path.name} failed on frames "
@@ -64,8 +70,10 @@ class CpuEngine:
         finally:
             batch.done()
         sizes = np.array([[m.width, m.height] for m in batch.frames], np.int64)
+        if self.post is not None:
+            outs = list(self.post(outs[0], outs[1], n))
         bi = outs[3] if len(outs) > 3 else None
-        packed = pack_detections(np, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), len(batch.frames))
+        packed = pack_detections(np, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
         return split_results(batch.frames, packed, snaps)
 
     def close(self) -> None:

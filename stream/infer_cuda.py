@@ -17,6 +17,9 @@ Decision record:
   asked for, not to the next power of two, so after the first batches of the largest shape the arena stops
   growing. `stream_gpu_memory_bytes` shows device memory in use; the GPU soak in bench/RESULTS.md shows it
   flat after warm-up. Provider options given to the engine override these.
+- Models exported with `--postprocess device` end at the head: the slot runs stream.postprocess (CuPy and
+  two kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
+  batch; their batch axis is dynamic, so a partial batch runs at its own size.
 """
 
 from __future__ import annotations
@@ -118,7 +121,17 @@ class CudaEngine:
                 slot = _Slot(i, sess, binding, stream)
                 self._all.append(slot)
                 self._slots.put(slot)
-        log.info("cuda engine: %d buffer(s) on device %d, model %s", buffers, device_id, info.path.name)
+        self.post = None
+        if info.head is not None:
+            from .postprocess import Postprocessor
+            from .postprocess_cuda import CupyOps
+
+            with cp.cuda.Device(device_id):
+                self.post = Postprocessor(info.head, CupyOps())
+        log.info(
+            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s",
+            buffers, device_id, info.path.name, info.postprocess,
+        )  # fmt: skip
 
     def infer(self, batch: Batch) -> list[FrameResult]:
         cp = self._cp
@@ -131,6 +144,9 @@ class CudaEngine:
                     x = cp.asarray(x)
                 elif batch.ready is not None:
                     slot.stream.wait_event(batch.ready)
+                n = len(batch.frames)
+                if info.dynamic_batch:
+                    x = x[:n]  # a partial batch runs at its own size
                 if x.dtype != self._dtype or not x.flags.c_contiguous:
                     x = cp.ascontiguousarray(x, dtype=self._dtype)
                 slot.binding.bind_input(
@@ -148,11 +164,11 @@ class CudaEngine:
                         f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
                     ) from exc
                 outs = [ortvalue_as_cupy(ov) for ov in slot.binding.get_outputs()]
+                if self.post is not None:
+                    outs = list(self.post(outs[0], outs[1], n))
                 sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))
                 bi = outs[3] if len(outs) > 3 else None
-                packed = pack_detections(
-                    cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), len(batch.frames)
-                )
+                packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
                 host = download(packed, slot.stream)
                 snaps = snapshot_rows(batch, x) if batch.snap_rows else None  # after the download's sync
                 del outs, packed, x

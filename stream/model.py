@@ -13,6 +13,10 @@
     stream.score_thresh  the score threshold baked into the graph
     stream.architecture  e.g. "retinanet_resnet50_fpn_v2"
     stream.weights       "default" | "random" | a path
+    stream.head          (models exported with `--postprocess device`) JSON: the graph ends at RetinaNet's head,
+                         outputs class logits [B, A, C] and box regression [B, A, 4] per anchor, and
+                         stream.postprocess turns them into detections; see HeadSpec there. The batch axis
+                         is dynamic; stream.input's "batch" is the batch the runtime fills (the preferred one)
 
 A model without this metadata is accepted when its graph says enough: one static NCHW input with three
 channels and outputs named boxes/scores/labels (batch 1 then, no batch_index needed).
@@ -26,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ModelError
+from .postprocess import HeadSpec
 
 METADATA_PREFIX = "stream."
 _DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
@@ -42,7 +47,7 @@ class ModelInfo:
     scale: float
     mean: tuple[float, float, float]
     std: tuple[float, float, float]
-    boxes: str
+    boxes: str  # output names; "" for head models (postprocess device)
     scores: str
     labels: str
     batch_index: str | None
@@ -50,6 +55,12 @@ class ModelInfo:
     score_thresh: float | None = None
     architecture: str = "unknown"
     extra: dict[str, str] = field(default_factory=dict)
+    head: HeadSpec | None = None  # set: the graph ends at the head and stream.postprocess does the rest
+    dynamic_batch: bool = False  # the graph takes any batch size (a partial batch runs at its own size)
+
+    @property
+    def postprocess(self) -> str:
+        return "device" if self.head is not None else "graph"
 
     def label_name(self, label: int) -> str:
         if 0 <= label < len(self.label_names):
@@ -58,6 +69,8 @@ class ModelInfo:
 
     @property
     def output_names(self) -> list[str]:
+        if self.head is not None:
+            return [self.head.cls, self.head.reg]
         names = [self.boxes, self.scores, self.labels]
         if self.batch_index:
             names.append(self.batch_index)
@@ -79,10 +92,12 @@ def metadata_for(
     mean: tuple[float, float, float] = (0.0, 0.0, 0.0),
     std: tuple[float, float, float] = (1.0, 1.0, 1.0),
     outputs: dict[str, str] | None = None,
+    head: HeadSpec | None = None,
 ) -> dict[str, str]:
     """The metadata properties an exporter writes (see the module docstring)."""
     outputs = outputs or {"boxes": "boxes", "scores": "scores", "labels": "labels", "batch_index": "batch_index"}
-    return {
+    extra = {"stream.head": head.to_json()} if head is not None else {}
+    meta = {
         "stream.format": "1",
         "stream.input": json.dumps(
             {
@@ -104,6 +119,9 @@ def metadata_for(
         "stream.architecture": architecture,
         "stream.weights": weights,
     }
+    if head is not None:
+        del meta["stream.outputs"]
+    return {**meta, **extra}
 
 
 def _fail(path: Path, what: str) -> ModelError:
@@ -150,19 +168,30 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
         dims[key] = int(value)
 
     out_names = {o.name for o in outputs}
-    names = {"boxes": "boxes", "scores": "scores", "labels": "labels", "batch_index": None}
-    if "stream.outputs" in meta:
-        try:
-            names.update(json.loads(meta["stream.outputs"]))
-        except json.JSONDecodeError as exc:
-            raise _fail(path, f"metadata stream.outputs is not JSON ({exc})") from exc
-    elif "batch_index" in out_names:
-        names["batch_index"] = "batch_index"
-    for key in ("boxes", "scores", "labels", "batch_index"):
-        if names[key] is not None and names[key] not in out_names:
-            raise _fail(path, f"has no output {names[key]!r} for {key} (outputs: {', '.join(sorted(out_names))})")
-    if dims["batch"] > 1 and not names["batch_index"]:
-        raise _fail(path, f"has batch {dims['batch']} but no batch_index output to tell the images apart")
+    names: dict[str, str | None] = {"boxes": "boxes", "scores": "scores", "labels": "labels", "batch_index": None}
+    head = None
+    if "stream.head" in meta:
+        head = HeadSpec.from_json(meta["stream.head"], f"model {path}: metadata stream.head")
+        for name in (head.cls, head.reg):
+            if name not in out_names:
+                raise _fail(path, f"has no output {name!r} that its stream.head metadata names (outputs: {', '.join(sorted(out_names))})")
+        if head.image_size != (dims["height"], dims["width"]):
+            raise _fail(path, f"metadata stream.head is for {head.image_size[0]}x{head.image_size[1]} but the input is {dims['height']}x{dims['width']}")
+        names = {"boxes": "", "scores": "", "labels": "", "batch_index": None}
+    else:
+        if "stream.outputs" in meta:
+            try:
+                names.update(json.loads(meta["stream.outputs"]))
+            except json.JSONDecodeError as exc:
+                raise _fail(path, f"metadata stream.outputs is not JSON ({exc})") from exc
+        elif "batch_index" in out_names:
+            names["batch_index"] = "batch_index"
+        for key in ("boxes", "scores", "labels", "batch_index"):
+            if names[key] is not None and names[key] not in out_names:
+                raise _fail(path, f"has no output {names[key]!r} for {key} (outputs: {', '.join(sorted(out_names))})")
+        if dims["batch"] > 1 and not names["batch_index"]:
+            raise _fail(path, f"has batch {dims['batch']} but no batch_index output to tell the images apart")
+    dynamic_batch = not (isinstance(shape[0], int) and shape[0] > 0)
 
     labels: tuple[str, ...] = ()
     if "stream.labels" in meta:
@@ -189,6 +218,8 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
         score_thresh=float(thresh) if thresh else None,
         architecture=meta.get("stream.architecture", "unknown"),
         extra={k: v for k, v in meta.items() if not k.startswith(METADATA_PREFIX)},
+        head=head,
+        dynamic_batch=dynamic_batch,
     )
 
 

@@ -1,0 +1,149 @@
+"""Device post-processing on CUDA (CuPy + two kernels) against torchvision, and inside the GPU pipeline.
+
+Run on the GPU host with `pytest -m gpu`. The full RetinaNet-v2 at 800x800, random weights, exported with
+`--postprocess device` in float32 and float16 (from $STREAM_TEST_MODELS/r50_head_fp32.onnx and
+r50_head_fp16.onnx when present, else exported here, about 20 s each on the host). Frames are real: the
+1080p sample video decoded by PyAV and resized with OpenCV. The reference is torchvision's
+`postprocess_detections` on the same head outputs, on the GPU; tolerance in tests/postprocess_ref.py.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream.infer import cuda_unavailable_reason
+
+from .conftest import collect_run, detections_of, free_port, unmatched
+from .postprocess_ref import assert_parity, reference
+
+REASON = cuda_unavailable_reason()
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(REASON is not None, reason=f"no CUDA path here: {REASON}")]
+THRESH = 0.12  # random weights: detection counts vary from 0 (dark frames) to dozens
+
+
+def ep() -> str:
+    return f"tcp://127.0.0.1:{free_port()}"
+
+
+@pytest.fixture(scope="module")
+def r50(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    pytest.importorskip("torch")
+    from stream.export import export_model
+
+    have = Path(os.environ.get("STREAM_TEST_MODELS", "/nonexistent"))
+    out = {}
+    for precision in ("fp32", "fp16"):
+        p = have / f"r50_head_{precision}.onnx"
+        if not p.is_file():
+            p = export_model(tmp_path_factory.mktemp("r50") / p.name, arch="retinanet_resnet50_fpn_v2", weights="random",
+                             input_size=(800, 800), batch=8, fp16=precision == "fp16", score_thresh=THRESH,
+                             postprocess="device")  # fmt: skip
+        out[precision] = p
+    return out
+
+
+@pytest.fixture(scope="module")
+def real_frames(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
+    """Eight 1080p frames of the sample video (the last one black), resized to 800x800: float32 NCHW 0..1."""
+    import av
+    import cv2
+
+    from stream.sample import make_sample_video
+
+    path = make_sample_video(tmp_path_factory.mktemp("hd") / "hd.mp4", width=1920, height=1080, seconds=3.0)
+    rows = []
+    with av.open(str(path)) as c:
+        for i, frame in enumerate(c.decode(video=0)):
+            if i % 10 == 5:
+                rows.append(cv2.resize(frame.to_ndarray(format="rgb24"), (800, 800)).transpose(2, 0, 1))
+            if len(rows) == 7:
+                break
+    rows.append(np.zeros_like(rows[0]))
+    return np.stack(rows).astype(np.float32) / 255.0
+
+
+def run_head(engine: Any, x: np.ndarray) -> list[Any]:
+    """The head outputs on the device through the CUDA engine's own session (outputs bound by name)."""
+    import cupy as cp
+
+    from stream.infer_cuda import ortvalue_as_cupy
+
+    info = engine.info
+    slot = engine._all[0]
+    with slot.stream:
+        xd = cp.asarray(x.astype(info.dtype))
+        slot.binding.bind_input(info.input_name, "cuda", 0, np.dtype(info.dtype), list(xd.shape), xd.data.ptr)
+        for name in info.output_names:
+            slot.binding.bind_output(name, "cuda", 0)
+        slot.session.run_with_iobinding(slot.binding)
+        outs = [ortvalue_as_cupy(ov).copy() for ov in slot.binding.get_outputs()]
+        slot.stream.synchronize()
+    return outs
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: np.ndarray, precision: str) -> None:
+    import cupy as cp
+
+    from stream.infer_cuda import CudaEngine
+    from stream.model import load_info
+
+    info = load_info(r50[precision])
+    engine = CudaEngine(info, buffers=1)
+    for n in (1, 3, 8):
+        x = real_frames[:1] if n == 1 else real_frames[8 - n :]  # n > 1: the black frame is the last
+        cls, reg = run_head(engine, x)
+        if n == 3:  # and one image whose scores are all under the threshold: no detection at all
+            cls[1] = -20.0
+        assert cls.dtype == (cp.float16 if precision == "fp16" else cp.float32) and cls.shape[0] == n
+        with engine._all[0].stream:
+            ours = tuple(a.get() for a in engine.post(cls, reg, n))
+        ref = reference(info.head, cls.get(), reg.get(), device="cuda")
+        r = assert_parity(ours, ref)
+        print(f"{precision} batch {n}: {r['total']} reference detections, {r['unmatched']} unmatched, {r['extra']} extra; per image {r['per_image']}")
+        assert r["total"] > 0
+        if n == 3:
+            assert r["per_image"][1] == (0, 0)
+        if n > 1:
+            assert r["per_image"][-1][1] == r["per_image"][-1][0], "the black frame differs"
+    engine.close()
+
+
+def test_gpu_pipeline_with_head_model_equals_graph_model(tmp_path: Path) -> None:
+    """The same tiny weights exported both ways, on the CUDA path (DALI decode both times): same detections."""
+    pytest.importorskip("torch")
+    from stream.export import export_model
+    from stream.sample import make_sample_video
+
+    video = make_sample_video(tmp_path / "v.mp4", width=640, height=360, seconds=3.0)
+    common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (384, 640), "batch": 8, "score_thresh": 0.3}
+    models = {"graph": export_model(tmp_path / "g.onnx", **common), "head": export_model(tmp_path / "h.onnx", postprocess="device", **common)}
+    got = {}
+    for name, model in models.items():
+        result, msgs = collect_run([f"v={video}"], ep(), device="cuda", model=str(model))
+        assert result.device == "cuda"
+        got[name] = detections_of(msgs["v"])
+    assert len(got["graph"]) == len(got["head"]) == 90
+    total = sum(len(d) for d in got["graph"])
+    missing = sum(len(unmatched(a, b, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
+    extra = sum(len(unmatched(b, a, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
+    print(f"graph vs head model on cuda: {total} detections, {missing} missing, {extra} extra")
+    assert total > 0 and missing <= max(1, total // 100) and extra <= max(1, total // 100)
+
+
+def test_head_model_keeps_the_outputs_on_the_device(r50: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The head outputs (hundreds of MB a batch) never cross to the host: only the packed detections do."""
+    from stream.sample import make_sample_video
+
+    from .test_gpu import HostCopyGuard
+
+    video = make_sample_video(tmp_path / "hd.mp4", width=1280, height=720, seconds=1.0)
+    guard = HostCopyGuard(monkeypatch)
+    result, msgs = collect_run([f"hd={video}"], ep(), device="cuda", model=str(r50["fp16"]))
+    assert result.stats["hd"].frames == len(detections_of(msgs["hd"])) > 0
+    assert guard.copies and guard.largest < 1280 * 720 * 3 // 100, sorted(guard.copies, key=lambda c: -c[1])[:3]
