@@ -54,6 +54,18 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
 
 
 # -- run ------------------------------------------------------------------------------------------------------
+def _device_list(text: str) -> list[int | str]:
+    """`--devices 0,1` or `--devices cpu,cpu`: entries as written (config.check_devices judges them)."""
+    out: list[int | str] = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            out.append(int(part))
+        except ValueError:
+            out.append(part)
+    return [] if out == [""] else out
+
+
 def _add_run(sub: Any) -> None:
     p = sub.add_parser("run", help="run the detection pipeline over the sources and publish on ZeroMQ")
     p.add_argument("--config", metavar="FILE", help="TOML config (see configs/); flags override its keys")
@@ -62,6 +74,10 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--model", metavar="PATH", help="ONNX model (default: the small random-weight model shipped)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto: CUDA when usable, else CPU")
     p.add_argument("--device-id", type=int, help="CUDA device index (default 0)")
+    p.add_argument("--devices", type=_device_list, metavar="LIST",
+                   help="one worker process per entry, streams shared out among them: CUDA indexes (0,1) or "
+                        "cpu once per CPU worker (cpu,cpu); one publish endpoint for all (default: one worker, "
+                        "in process, on --device/--device-id)")  # fmt: skip
     p.add_argument("--publish", metavar="ENDPOINT", help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5556)")
     p.add_argument("--format", choices=("json", "msgpack"), help="payload encoding (default json)")
     p.add_argument("--wait-subscribers", type=int, metavar="N", help="start once N subscribers have subscribed")
@@ -97,6 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "model": args.model,
                 "device": args.device,
                 "device_id": args.device_id,
+                "devices": args.devices,
                 "publish": args.publish,
                 "format": args.format,
                 "wait_subscribers": args.wait_subscribers,
@@ -121,7 +138,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     bars = ProgressBars(progress_enabled(cfg.progress))
     try:
         with bars:
-            result = _run_loop(pipeline.run(cfg, progress=bars.update))
+            if len(cfg.devices) > 1:  # one worker process per device, one publish endpoint (stream/workers.py)
+                from . import workers
+
+                result = _run_loop(workers.run(cfg, progress=bars.update))
+            else:
+                result = _run_loop(pipeline.run(cfg, progress=bars.update))
     except StreamError as exc:
         log.error("%s", exc)
         return 2

@@ -67,6 +67,9 @@ class Config:
     max_reconnects: int = 0  # reconnects in a row without a frame before the stream fails; 0: forever
     max_staleness_ms: int = 500  # a live frame older than this when batched is dropped
     batch_timeout_ms: int = 50  # a partial live batch is handed out once its first frame is this old
+    # one worker process per entry (stream/workers.py): CUDA indexes (0, 1, ...) or "cpu" once per CPU worker;
+    # () (the default): one worker, in this process, on device/device_id
+    devices: tuple[int | str, ...] = ()
     config_path: Path | None = field(default=None, compare=False)
 
 
@@ -104,6 +107,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "max_reconnects": (int, None, (0, 1_000_000)),
     "max_staleness_ms": (int, None, (1, 600_000)),
     "batch_timeout_ms": (int, None, (0, 60_000)),
+    "devices": (tuple, None, None),
 }
 _SOURCE_KEYS = {"id", "path", "loop"}
 
@@ -117,6 +121,8 @@ def check_value(key: str, value: Any, origin: str) -> Any:
     if key not in _RULES:
         raise ConfigError(f"unknown key {_where(origin, key)}; known keys: sources, {', '.join(sorted(_RULES))}")
     kind, allowed, bounds = _RULES[key]
+    if key == "devices":
+        return check_devices(value, origin)
     if kind is list:
         if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) and v for v in value):
             raise ConfigError(f"{_where(origin, key)} must be a list of non-empty strings, got {value!r}")
@@ -139,6 +145,67 @@ def check_value(key: str, value: Any, origin: str) -> Any:
     if kind == (int, float):
         return float(value)
     return value
+
+
+_DEVICES_HINT = 'write CUDA indexes like [0, 1] (--devices 0,1), or "cpu" once per CPU worker like ["cpu", "cpu"] (--devices cpu,cpu)'
+
+
+def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
+    """`devices`: one worker process per entry. Entries are CUDA device indexes (distinct, >= 0) or "cpu"
+    (a CPU worker slot; repeat it for N CPU workers); the two kinds do not mix."""
+    where = _where(origin, "devices")
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where} must be a list; {_DEVICES_HINT}; got {value!r}")
+    if not value:
+        raise ConfigError(f"{where} is empty: name at least one device; {_DEVICES_HINT}; leave it out for one "
+                          f"worker in this process")  # fmt: skip
+    out: list[int | str] = []
+    for v in value:
+        if isinstance(v, str) and v.strip().lower() == "cpu":
+            out.append("cpu")
+        elif isinstance(v, int) and not isinstance(v, bool):
+            if v < 0:
+                raise ConfigError(f"{where}: {v} is negative; CUDA device indexes count from 0; {_DEVICES_HINT}")
+            if v > 64:
+                raise ConfigError(f"{where}: {v} is not a CUDA device index (0-64); {_DEVICES_HINT}")
+            if v in out:
+                raise ConfigError(f"{where} names CUDA device {v} twice: one worker per GPU; {_DEVICES_HINT}")
+            out.append(v)
+        else:
+            raise ConfigError(f"{where}: {v!r} is neither a CUDA device index nor \"cpu\"; {_DEVICES_HINT}")
+    if "cpu" in out and any(isinstance(v, int) for v in out):
+        raise ConfigError(f"{where} mixes \"cpu\" and CUDA indexes ({value!r}); all workers run on one kind of "
+                          f"device; {_DEVICES_HINT}")  # fmt: skip
+    return tuple(out)
+
+
+def check_workers(cfg: Config, origins: dict[str, str]) -> Config:
+    """What `devices` asks for against the other keys; one entry is the same as device/device_id (one
+    worker, in process). `origins` says where each key was set (the config file or the command line)."""
+    if not cfg.devices:
+        return cfg
+    where = _where(origins.get("devices", "command line"), "devices")
+    gpus = [d for d in cfg.devices if isinstance(d, int)]
+    if cfg.device == "cpu" and gpus:
+        raise ConfigError(f"{where} names CUDA device {gpus[0]} but the device is cpu "
+                          f"({_where(origins.get('device', 'command line'), 'device')}); for several CPU workers "
+                          f"write devices = [\"cpu\", \"cpu\"] (--devices cpu,cpu), or use --device cuda")  # fmt: skip
+    if cfg.device == "cuda" and not gpus:
+        raise ConfigError(f"{where} asks for CPU workers but the device is cuda "
+                          f"({_where(origins.get('device', 'command line'), 'device')}); name CUDA indexes like "
+                          f"[0, 1] (--devices 0,1), or use --device cpu")  # fmt: skip
+    if len(cfg.devices) == 1:  # one worker: the single-process daemon of before, on that device
+        only = cfg.devices[0]
+        return replace(cfg, device="cpu") if only == "cpu" else replace(cfg, device_id=int(only))
+    n = len(cfg.devices)
+    for key, flag, on in (("control", "--control", bool(cfg.control)), ("metrics_port", "--http-port", bool(cfg.metrics_port)),
+                          ("annotate_dir", "--annotate", bool(cfg.annotate_dir))):  # fmt: skip
+        if on:
+            raise ConfigError(
+                f"{where} asks for {n} worker processes, and {key!r} ({flag}) works with one worker only for now; "
+                f"drop {key} ({flag}), or run one device (leave devices out)"
+            )
+    return cfg
 
 
 def parse_source(text: str) -> SourceSpec:
@@ -204,13 +271,19 @@ def from_mapping(data: dict[str, Any], origin: str, base: Config | None = None) 
 def load(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Config from an optional TOML file, then command-line overrides (None values are ignored)."""
     cfg = Config()
+    origins: dict[str, str] = {}
     if path is not None:
         p = Path(path)
-        cfg = replace(from_mapping(read_toml(p), str(p)), config_path=p)
+        data = read_toml(p)
+        cfg = replace(from_mapping(data, str(p)), config_path=p)
+        origins.update((k, str(p)) for k in data)
     flags = {k: v for k, v in (overrides or {}).items() if v is not None}
     if "sources" in flags:
         flags["sources"] = [s if isinstance(s, str) else s.location for s in flags["sources"]]
-    return from_mapping(flags, "command line", cfg) if flags else cfg
+    if flags:
+        cfg = from_mapping(flags, "command line", cfg)
+        origins.update((k, "command line") for k in flags)
+    return check_workers(cfg, origins)
 
 
 def known_keys() -> list[str]:

@@ -95,6 +95,7 @@ def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: 
 
     info = load_info(r50[precision])
     engine = CudaEngine(info, buffers=1)
+    totals = []
     for n in (1, 3, 8):
         x = real_frames[:1] if n == 1 else real_frames[8 - n :]  # n > 1: the black frame is the last
         cls, reg = run_head(engine, x)
@@ -106,12 +107,13 @@ def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: 
         ref = reference(info.head, cls.get(), reg.get(), device="cuda")
         r = assert_parity(ours, ref)
         print(f"{precision} batch {n}: {r['total']} reference detections, {r['unmatched']} unmatched, {r['extra']} extra; per image {r['per_image']}")
-        assert r["total"] > 0
+        totals.append(r["total"])
         if n == 3:
             assert r["per_image"][1] == (0, 0)
         if n > 1:
             assert r["per_image"][-1][1] == r["per_image"][-1][0], "the black frame differs"
     engine.close()
+    assert totals[-1] > 0, totals  # batch 8 has detections to compare (the first frame alone may have none)
 
 
 def test_gpu_pipeline_with_head_model_equals_graph_model(tmp_path: Path) -> None:
