@@ -28,7 +28,7 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from .errors import PublishError
+from .publish import bind_error
 from .security import ServerKeys, make_server
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,7 @@ class Proxy:
         except zmq.ZMQError as exc:
             xpub.close(0)
             self.close_now()
-            raise PublishError(
-                f"cannot bind the publish endpoint {self.endpoint} ({exc}); is another daemon using it? "
-                f"Pass --publish with a free endpoint"
-            ) from exc
+            raise bind_error(self.endpoint, exc) from exc
         self._xpub = xpub
         self.endpoint = xpub.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         log.info("publishing on %s (one endpoint for every worker)", self.endpoint)

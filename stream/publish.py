@@ -28,6 +28,13 @@ from .security import ServerKeys, make_server, start_authenticator
 log = logging.getLogger(__name__)
 
 
+def bind_error(endpoint: str, exc: Exception) -> PublishError:
+    """The error for a publish endpoint that cannot be bound (the daemon's own socket or the workers' proxy)."""
+    return PublishError(
+        f"cannot bind the publish endpoint {endpoint} ({exc}); is another daemon using it? Pass --publish with a free endpoint"
+    )
+
+
 class Publisher:
     def __init__(
         self, endpoint: str, fmt: str = "json", hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None
@@ -60,10 +67,7 @@ class Publisher:
         except zmq.ZMQError as exc:
             sock.close(0)
             self._ctx.term()
-            raise PublishError(
-                f"cannot bind the publish endpoint {self.endpoint} ({exc}); is another daemon using it? "
-                f"Pass --publish with a free endpoint"
-            ) from exc
+            raise bind_error(self.endpoint, exc) from exc
         self._sock = sock
         self.endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT) or self.endpoint
         self._drain = asyncio.create_task(self._read_subscriptions(), name="publish-subscriptions")
