@@ -305,7 +305,10 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
         # the frame is the video's, not a blank: the sample has texture (and a stretch of plain black frames,
         # so the image is read again until a textured one is shown)
         shot_js = """
+            // the page swaps the image's src a few times a second: between loads it has no pixels (width 0),
+            // and getImageData on a 0-wide canvas throws, so such a moment reads as "not yet" (-1)
             const img = document.querySelector('figure[data-stream="a"] img');
+            if (!img || !img.complete || !img.naturalWidth || !img.naturalHeight) return -1;
             const c = document.createElement("canvas"); c.width = img.naturalWidth; c.height = img.naturalHeight;
             const g = c.getContext("2d"); g.drawImage(img, 0, 0);
             const d = g.getImageData(0, 0, c.width, c.height).data;
