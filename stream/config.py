@@ -20,6 +20,7 @@ PROGRESS = ("auto", "on", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
 RTSP_TRANSPORTS = ("tcp", "udp")
 LIVE_DECODES = ("auto", "nvdec", "cpu")
+CONV_ALGO_SEARCHES = ("auto", "exhaustive", "heuristic", "default")  # ORT CUDA's cudnn_conv_algo_search
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,7 @@ class Config:
     wait_subscribers_timeout_s: float = 0.0  # 0: wait as long as it takes
     buffers: int = 2
     queue_batches: int = 2
+    conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
     publish_hwm: int = 100_000
     linger_s: float = 10.0
     progress: str = "auto"
@@ -84,6 +86,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "wait_subscribers_timeout_s": ((int, float), None, (0, 86_400)),
     "buffers": (int, None, (1, 8)),
     "queue_batches": (int, None, (1, 64)),
+    "conv_algo_search": (str, CONV_ALGO_SEARCHES, None),
     "publish_hwm": (int, None, (0, 10_000_000)),
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),

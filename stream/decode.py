@@ -96,6 +96,67 @@ def frame_times(src: Source) -> list[float | None]:
     return times
 
 
+ANNEXB_FILTERS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}  # codec -> bitstream filter to Annex-B
+
+
+def sequence_parameter_sets(annexb: bytes, codec: str) -> bytes:
+    """The SPS NAL units of an Annex-B packet, concatenated (b"" when it has none): H.264 type 7, HEVC 33."""
+    out = []
+    starts = []
+    i = annexb.find(b"\x00\x00\x01")
+    while i >= 0:
+        starts.append(i + 3)
+        i = annexb.find(b"\x00\x00\x01", i + 3)
+    for k, at in enumerate(starts):
+        if at >= len(annexb):
+            continue
+        head = annexb[at]
+        kind = head & 0x1F if codec == "h264" else (head >> 1) & 0x3F
+        if kind == (7 if codec == "h264" else 33):
+            end = starts[k + 1] - 3 if k + 1 < len(starts) else len(annexb)
+            out.append(annexb[at:end].rstrip(b"\x00"))
+    return b"".join(out)
+
+
+
+def sequence_changes(src: Source) -> list[int]:
+    """Frame numbers at which an H.264/HEVC file's sequence parameter sets change (where its resolution may
+    change), found by demuxing alone (no decode): the keyframe packets, made Annex-B, compared SPS to SPS.
+
+    A new SPS comes with an IDR frame, which starts a closed GOP: the packets before it, in decode order, are
+    the frames displayed before it, so the count of packets is the frame number. [] for other codecs, for a
+    file with one SPS throughout, and where the file cannot be demuxed to its end (the decoder then reports
+    that). The GPU path uses it: DALI's reader gives every frame of a file the first sequence's size.
+    """
+    from av.bitstream import BitStreamFilterContext
+
+    changes: list[int] = []
+    with open_container(src) as c:
+        vs = c.streams.video[0]
+        codec = vs.codec_context.name
+        if codec not in ANNEXB_FILTERS:
+            return []
+        try:
+            bsf = BitStreamFilterContext(ANNEXB_FILTERS[codec], vs)
+            last: bytes | None = None
+            frames = 0
+            for pkt in c.demux(vs):
+                if pkt.size == 0:
+                    continue
+                key = bool(pkt.is_keyframe)
+                for fp in bsf.filter(pkt):
+                    if key:
+                        sps = sequence_parameter_sets(bytes(fp), codec)
+                        if sps and last is not None and sps != last:
+                            changes.append(frames)
+                        if sps:
+                            last = sps
+                    frames += 1
+        except Exception as exc:  # a damaged file: the decoders report it with the frame where it happens
+            log.debug("stream %s: sequence scan stopped early: %s", src.id, exc)
+    return changes
+
+
 def iter_rgb(src: Source, *, threads: bool = True) -> Iterator[tuple[FrameMeta, np.ndarray]]:
     """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order."""
     import av

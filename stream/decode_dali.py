@@ -17,6 +17,10 @@ Decision record:
 - frame numbers, timestamps and the decoded frame size are a few bytes per batch; they are the only things
   read back to the host. The size comes from the decoder's output (not the container's header), so boxes
   map to the right pixels even where a file's resolution changes.
+- DALI's reader gives every frame of a file the size of its first sequence (seen on the H200, 2026-12-02:
+  after a resolution change mid-file the frames came out at the first size, and its `shape()` said so too).
+  So a file is scanned first (`decode.sequence_changes`: demux only, the keyframes' SPS compared): DALI
+  decodes it up to its first change of sequence parameters, PyAV on the CPU from there to the end.
 - Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
   the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
   lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
@@ -101,6 +105,10 @@ class DaliBatchSource:
         self.device_id = device_id
         self.frames_expected: int | None = vi.frames_declared or None
         self._closed = False
+        from .decode import sequence_changes
+
+        changes = sequence_changes(src)
+        self._cpu_from: int | None = changes[0] if changes else None  # frames from here on: PyAV on the CPU
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
         try:
@@ -171,6 +179,19 @@ class DaliBatchSource:
             ]
             if not frames:
                 continue
+            if self._cpu_from is not None and index + len(frames) > self._cpu_from:
+                log.warning(
+                    "stream %s: the sequence parameters of file %s change at frame %d (its resolution may change); "
+                    "NVDEC (DALI) decodes the frames before it, the CPU (PyAV) the rest",
+                    self.stream, self.src.location, self._cpu_from,
+                )  # fmt: skip
+                if held is not None:
+                    yield held[0]
+                frames = frames[: self._cpu_from - index]
+                if frames:
+                    yield Batch(self.stream, frames, data, ready=ready)
+                yield from self._rest_on_cpu(self._cpu_from)
+                return
             if held is not None and held[1] != (width, height):
                 log.warning(
                     "stream %s: the resolution of file %s changes between frames %d and %d (%dx%d to %dx%d); "

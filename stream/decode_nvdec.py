@@ -55,12 +55,13 @@ from typing import Any
 
 import numpy as np
 
+from .decode import ANNEXB_FILTERS, sequence_parameter_sets  # noqa: F401 (re-exported)
 from .errors import DecodeError, first_line
 from .model import ModelInfo
 
 log = logging.getLogger(__name__)
 
-NVDEC_CODECS = {"h264": "h264_mp4toannexb", "hevc": "hevc_mp4toannexb"}  # codec -> bitstream filter to Annex-B
+NVDEC_CODECS = ANNEXB_FILTERS  # codec -> bitstream filter to Annex-B
 NVDEC_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # 4:2:0 8-bit: NVDEC's NV12 output
 _NVC_NAMES = ("CreateDecoder", "PacketData", "DisplayDecodeLatencyType", "VideoPacketFlag", "cudaVideoCodec")
 
@@ -283,25 +284,6 @@ def nv12_to_row(
         xp.multiply(rgb, xp.float32(consts.plain), out=out)
     else:
         out[...] = rgb * consts.a + consts.b
-
-
-def sequence_parameter_sets(annexb: bytes, codec: str) -> bytes:
-    """The SPS NAL units of an Annex-B packet, concatenated (b"" when it has none): H.264 type 7, HEVC 33."""
-    out = []
-    starts = []
-    i = annexb.find(b"\x00\x00\x01")
-    while i >= 0:
-        starts.append(i + 3)
-        i = annexb.find(b"\x00\x00\x01", i + 3)
-    for k, at in enumerate(starts):
-        if at >= len(annexb):
-            continue
-        head = annexb[at]
-        kind = head & 0x1F if codec == "h264" else (head >> 1) & 0x3F
-        if kind == (7 if codec == "h264" else 33):
-            end = starts[k + 1] - 3 if k + 1 < len(starts) else len(annexb)
-            out.append(annexb[at:end].rstrip(b"\x00"))
-    return b"".join(out)
 
 
 def split_nv12(nv12: Any, height: int) -> tuple[Any, Any]:

@@ -17,6 +17,13 @@ Decision record:
   asked for, not to the next power of two, so after the first batches of the largest shape the arena stops
   growing. `stream_gpu_memory_bytes` shows device memory in use; the GPU soak in bench/RESULTS.md shows it
   flat after warm-up. Provider options given to the engine override these.
+- Shapes: cuDNN picks a convolution algorithm per input shape, and ORT's default search (EXHAUSTIVE) times
+  every candidate on the first run of each new shape: seconds for this network, once per shape and session.
+  A dynamic-batch model sees up to `batch` shapes (live feeds and file tails run partial batches), so
+  `conv_algo_search = "auto"` uses cuDNN's HEURISTIC choice for dynamic-batch models (measured on the H200,
+  bench/postprocess.py --provider-sweep, head fp16 batch 8, inference only: 413.7 img/s against 412.1 for
+  EXHAUSTIVE) and EXHAUSTIVE for fixed-batch ones, which see one shape. Either way every slot runs every
+  batch size it can meet once at start (`warm_up`), so no frame of the run pays for a first shape.
 - Models exported with `--postprocess device` end at the head: the slot runs stream.postprocess (CuPy and
   two kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
   batch; their batch axis is dynamic, so a partial batch runs at its own size.
@@ -32,8 +39,9 @@ from typing import Any
 
 import numpy as np
 
+from .config import CONV_ALGO_SEARCHES
 from .errors import DeviceError, InferenceError, ModelError
-from .frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
+from .frames import Batch, FrameMeta, FrameResult, pack_detections, snapshot_rows, split_results
 from .infer import session_options
 from .model import ModelInfo
 
@@ -67,6 +75,16 @@ def download(arr: Any, stream: Any) -> np.ndarray:
     return arr.get(stream=stream)
 
 
+def conv_algo_choice(setting: str, info: ModelInfo) -> str:
+    """ORT's `cudnn_conv_algo_search` for a model: "auto" is HEURISTIC where the batch axis is dynamic (many
+    shapes, each of which EXHAUSTIVE would time anew), EXHAUSTIVE where it is fixed (one shape)."""
+    if setting == "auto":
+        return "HEURISTIC" if info.dynamic_batch else "EXHAUSTIVE"
+    if setting not in CONV_ALGO_SEARCHES:
+        raise ValueError(f"conv_algo_search must be one of {', '.join(CONV_ALGO_SEARCHES)}; got {setting!r}")
+    return setting.upper()
+
+
 @dataclass
 class _Slot:
     index: int
@@ -84,6 +102,8 @@ class CudaEngine:
         buffers: int = 2,
         device_id: int = 0,
         provider_options: dict[str, str] | None = None,
+        conv_algo_search: str = "auto",
+        warm_up: bool = True,
     ) -> None:
         import cupy as cp
         import onnxruntime as ort
@@ -98,6 +118,7 @@ class CudaEngine:
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
         self._lock = threading.Lock()
+        algo = (provider_options or {}).get("cudnn_conv_algo_search") or conv_algo_choice(conv_algo_search, info)
         with cp.cuda.Device(device_id):
             for i in range(buffers):
                 stream = cp.cuda.Stream(non_blocking=True)
@@ -107,6 +128,7 @@ class CudaEngine:
                     "arena_extend_strategy": "kSameAsRequested",
                     # measured on the H200 (bench/postprocess.py --provider-sweep): +10% for RetinaNet-v2 fp16
                     "prefer_nhwc": "1",
+                    "cudnn_conv_algo_search": algo,
                 }
                 opts.update(provider_options or {})
                 try:
@@ -130,53 +152,78 @@ class CudaEngine:
 
             with cp.cuda.Device(device_id):
                 self.post = Postprocessor(info.head, CupyOps())
+        self.conv_algo_search = algo
+        self.warmed_sizes: tuple[int, ...] = ()
+        if warm_up:
+            self.warm_up()
         log.info(
-            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s",
-            buffers, device_id, info.path.name, info.postprocess,
+            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s",
+            buffers, device_id, info.path.name, info.postprocess, self.conv_algo_search,
         )  # fmt: skip
 
+    def warm_up(self) -> None:
+        """Run every batch size the run can meet (1..batch for a dynamic-batch model, else batch) once on every
+        slot, so that cuDNN's per-shape algorithm choice and CuPy's kernel compiles happen now, not on a frame."""
+        import time
+
+        cp, info = self._cp, self.info
+        sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch else (info.batch,)
+        t0 = time.perf_counter()
+        with cp.cuda.Device(self.device_id):
+            data = cp.zeros((info.batch, 3, info.height, info.width), dtype=self._dtype)
+            for slot in self._all:
+                for n in sizes:
+                    frames = [FrameMeta(i, None, 0.0, info.width, info.height) for i in range(n)]
+                    self._run(slot, Batch("warm-up", frames, data))
+        self.warmed_sizes = sizes
+        log.info("cuda engine: batch sizes %s warmed up on %d slot(s) in %.1f s",
+                 f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else sizes[0], len(self._all), time.perf_counter() - t0)
+
     def infer(self, batch: Batch) -> list[FrameResult]:
-        cp = self._cp
-        info = self.info
         slot = self._slots.get()
         try:
-            with cp.cuda.Device(self.device_id), slot.stream:
-                x = batch.data
-                if isinstance(x, np.ndarray):  # a batch decoded on the CPU (codec NVDEC does not take)
-                    x = cp.asarray(x)
-                elif batch.ready is not None:
-                    slot.stream.wait_event(batch.ready)
-                n = len(batch.frames)
-                if info.dynamic_batch:
-                    x = x[:n]  # a partial batch runs at its own size
-                if x.dtype != self._dtype or not x.flags.c_contiguous:
-                    x = cp.ascontiguousarray(x, dtype=self._dtype)
-                slot.binding.bind_input(
-                    info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
-                )
-                # Bound again every run: after a run the binding holds that run's outputs, and ORT would
-                # take them as pre-allocated buffers of a fixed shape for the next one.
-                for name in info.output_names:
-                    slot.binding.bind_output(name, "cuda", self.device_id)
-                try:
-                    slot.session.run_with_iobinding(slot.binding)
-                except Exception as exc:
-                    raise InferenceError(
-                        f"stream {batch.stream}: model {info.path.name} failed on frames "
-                        f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
-                    ) from exc
-                outs = [ortvalue_as_cupy(ov) for ov in slot.binding.get_outputs()]
-                if self.post is not None:
-                    outs = list(self.post(outs[0], outs[1], n))
-                sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))
-                bi = outs[3] if len(outs) > 3 else None
-                packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
-                host = download(packed, slot.stream)
-                snaps = snapshot_rows(batch, x) if batch.snap_rows else None  # after the download's sync
-                del outs, packed, x
+            return self._run(slot, batch)
         finally:
             batch.done()
             self._slots.put(slot)
+
+    def _run(self, slot: _Slot, batch: Batch) -> list[FrameResult]:
+        cp = self._cp
+        info = self.info
+        with cp.cuda.Device(self.device_id), slot.stream:
+            x = batch.data
+            n = len(batch.frames)
+            if isinstance(x, np.ndarray):  # decoded on the CPU (a live feed, a codec NVDEC does not take)
+                x = cp.asarray(x[:n] if info.dynamic_batch else x)  # the valid rows only, where they suffice
+            elif batch.ready is not None:
+                slot.stream.wait_event(batch.ready)
+            if info.dynamic_batch:
+                x = x[:n]  # a partial batch runs at its own size
+            if x.dtype != self._dtype or not x.flags.c_contiguous:
+                x = cp.ascontiguousarray(x, dtype=self._dtype)
+            slot.binding.bind_input(
+                info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
+            )
+            # Bound again every run: after a run the binding holds that run's outputs, and ORT would
+            # take them as pre-allocated buffers of a fixed shape for the next one.
+            for name in info.output_names:
+                slot.binding.bind_output(name, "cuda", self.device_id)
+            try:
+                slot.session.run_with_iobinding(slot.binding)
+            except Exception as exc:
+                raise InferenceError(
+                    f"stream {batch.stream}: model {info.path.name} failed on frames "
+                    f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
+                ) from exc
+            outs = [ortvalue_as_cupy(ov) for ov in slot.binding.get_outputs()]
+            if self.post is not None:
+                outs = list(self.post(outs[0], outs[1], n))
+            sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))
+            bi = outs[3] if len(outs) > 3 else None
+            packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
+            host = download(packed, slot.stream)
+            snaps = snapshot_rows(batch, x) if batch.snap_rows else None  # after the download's sync
+            del outs, packed, x
         return split_results(batch.frames, host, snaps)
 
     def close(self) -> None:

@@ -120,7 +120,7 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
     if device == "cuda":
         from .infer_cuda import CudaEngine
 
-        return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id)
+        return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id, conv_algo_search=cfg.conv_algo_search)
     from .infer import CpuEngine
 
     return CpuEngine(info)

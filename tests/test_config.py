@@ -47,6 +47,7 @@ def test_file_then_flags_override(tmp_path: Path) -> None:
         ("sources = [{id = \"a\"}]\n", ["sources[0]", "'path'"]),
         ("sources = 3\n", ["'sources'", "list"]),
         ("device = \n", ["not valid TOML"]),
+        ('conv_algo_search = "fast"\n', ["'conv_algo_search'", "auto, exhaustive, heuristic, default"]),
     ],
 )
 def test_bad_values_name_key_and_file(tmp_path: Path, text: str, words: list[str]) -> None:
@@ -138,3 +139,20 @@ def test_any_unknown_key_is_named(tmp_path_factory: pytest.TempPathFactory, key:
     with pytest.raises(ConfigError) as err:
         config.load(p)
     assert f"'{key}'" in str(err.value) and str(p) in str(err.value)
+
+
+def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> None:
+    """auto: cuDNN's heuristic choice for dynamic-batch models (a new shape per partial batch size), the
+    exhaustive search for fixed-batch ones (one shape); an explicit setting is passed on as ORT spells it."""
+    from dataclasses import replace
+
+    from stream.infer_cuda import conv_algo_choice
+
+    fixed = replace(model_info, dynamic_batch=False)  # type: ignore[type-var]
+    dynamic = replace(model_info, dynamic_batch=True)  # type: ignore[type-var]
+    assert conv_algo_choice("auto", fixed) == "EXHAUSTIVE"
+    assert conv_algo_choice("auto", dynamic) == "HEURISTIC"
+    assert conv_algo_choice("exhaustive", dynamic) == "EXHAUSTIVE" and conv_algo_choice("default", fixed) == "DEFAULT"
+    assert config.load(None, {"conv_algo_search": "heuristic"}).conv_algo_search == "heuristic"
+    with pytest.raises(ValueError, match="conv_algo_search"):
+        conv_algo_choice("fast", fixed)

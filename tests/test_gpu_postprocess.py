@@ -149,3 +149,35 @@ def test_head_model_keeps_the_outputs_on_the_device(r50: dict[str, Path], monkey
     result, msgs = collect_run([f"hd={video}"], ep(), device="cuda", model=str(r50["fp16"]))
     assert result.stats["hd"].frames == len(detections_of(msgs["hd"])) > 0
     assert guard.copies and guard.largest < 1280 * 720 * 3 // 100, sorted(guard.copies, key=lambda c: -c[1])[:3]
+
+
+def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: dict[str, Path],
+                                                                         real_frames: np.ndarray) -> None:  # fmt: skip
+    """A dynamic-batch model meets batch sizes 1..8 (live feeds, file tails): the engine runs each once per slot
+    at start, with cuDNN's heuristic algorithm choice ("auto"); its detections match an EXHAUSTIVE engine's."""
+    from stream.frames import Batch, FrameMeta
+    from stream.infer_cuda import CudaEngine
+    from stream.model import load_info
+
+    info = load_info(r50["fp16"])
+    assert info.dynamic_batch
+    fast = CudaEngine(info, buffers=2)
+    assert fast.conv_algo_search == "HEURISTIC" and fast.warmed_sizes == tuple(range(1, 9))
+    slow = CudaEngine(info, buffers=1, conv_algo_search="exhaustive", warm_up=False)
+    assert slow.conv_algo_search == "EXHAUSTIVE" and slow.warmed_sizes == ()
+    total = missing = 0
+    for n in (1, 5, 8):
+        x = np.ascontiguousarray(real_frames[:n], dtype=np.float16)
+        frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+        a = fast.infer(Batch("h", frames, x.copy()))
+        b = slow.infer(Batch("e", frames, x.copy()))
+        assert len(a) == len(b) == n
+        for ra, rb in zip(a, b):
+            da = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(ra.boxes, ra.scores, ra.labels)]
+            db = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(rb.boxes, rb.scores, rb.labels)]
+            total += len(db)
+            missing += len(unmatched(db, da, min_iou=0.95, score_tol=0.01, floor=THRESH + 0.02))
+    fast.close()
+    slow.close()
+    print(f"heuristic vs exhaustive cuDNN search, head fp16: {total} detections, {missing} unmatched")
+    assert total > 0 and missing <= max(2, total // 50)

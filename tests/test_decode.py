@@ -1,0 +1,48 @@
+"""Probing files before a decoder touches them: where an H.264/HEVC file's sequence parameters change.
+
+The GPU path decodes a file with DALI only up to its first change (DALI's reader gives every frame the first
+sequence's size) and the rest on the CPU; `sequence_changes` is what tells it where, by demuxing alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from stream.decode import sequence_changes
+from stream.sample import make_sample_video
+from stream.sources import Source
+
+from .conftest import make_resolution_change
+
+
+@pytest.mark.parametrize(
+    ("parts", "changes"),
+    [
+        (((320, 240, 10), (160, 96, 8)), [10]),  # shrinks after frame 9
+        (((160, 96, 7), (320, 240, 9)), [7]),  # grows
+        (((320, 240, 10), (160, 96, 8), (320, 240, 5)), [10, 18]),  # and back
+        (((320, 240, 6), (320, 240, 6)), []),  # two encodes at one size: the same SPS bytes, no change
+    ],
+)
+def test_changes_are_found_at_the_frame_they_start(tmp_path: Path, parts: tuple[tuple[int, int, int], ...],
+                                                   changes: list[int]) -> None:  # fmt: skip
+    path = make_resolution_change(tmp_path / "rc.mkv", parts)
+    assert sequence_changes(Source("rc", str(path))) == changes
+
+
+def test_files_of_one_size_have_none(videos: dict[str, Path], tmp_path: Path) -> None:
+    # several keyframes (GOP of one second), B-frames, another codec: nothing to report
+    assert sequence_changes(Source("plain", str(videos["plain"]))) == []
+    assert sequence_changes(Source("b", str(videos["bframes"]))) == []
+    assert sequence_changes(Source("m", str(videos["mpeg4_odd"]))) == [], "not H.264/HEVC: not scanned"
+    hevc = make_sample_video(tmp_path / "h.mp4", width=320, height=240, seconds=2.0, codec="libx265")
+    assert sequence_changes(Source("h", str(hevc))) == []
+
+
+def test_a_truncated_file_reports_what_it_could_read(tmp_path: Path) -> None:
+    path = make_resolution_change(tmp_path / "rc.mkv")
+    cut = tmp_path / "cut.mkv"
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
+    assert sequence_changes(Source("cut", str(cut))) in ([], [10]), "no exception: the decoder reports the damage"
