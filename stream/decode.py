@@ -8,6 +8,7 @@ it could decode and then raises DecodeError, so that those frames are still publ
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,6 +120,39 @@ def sequence_parameter_sets(annexb: bytes, codec: str) -> bytes:
 
 
 
+def _walk_sequences(src: Source, stop: threading.Event | None = None) -> Iterator[tuple[int, bool]]:
+    """(frames demuxed so far, whether the sequence parameters change at that frame), at every keyframe and
+    every 64 packets; nothing for codecs other than H.264/HEVC. Demux only, no decode."""
+    from av.bitstream import BitStreamFilterContext
+
+    with open_container(src) as c:
+        vs = c.streams.video[0]
+        codec = vs.codec_context.name
+        if codec not in ANNEXB_FILTERS:
+            return
+        try:
+            bsf = BitStreamFilterContext(ANNEXB_FILTERS[codec], vs)
+            last: bytes | None = None
+            frames = 0
+            for pkt in c.demux(vs):
+                if stop is not None and stop.is_set():
+                    return
+                if pkt.size == 0:
+                    continue
+                if pkt.is_keyframe:  # only keyframes carry a new SPS; the others are counted, not filtered
+                    sps = b"".join(sequence_parameter_sets(bytes(fp), codec) for fp in bsf.filter(pkt))
+                    changed = bool(sps) and last is not None and sps != last
+                    if sps:
+                        last = sps
+                    yield frames, changed
+                elif frames % 64 == 0:
+                    yield frames, False
+                frames += 1
+            yield frames, False
+        except Exception as exc:  # a damaged file: the decoders report it with the frame where it happens
+            log.debug("stream %s: sequence scan stopped early: %s", src.id, exc)
+
+
 def sequence_changes(src: Source) -> list[int]:
     """Frame numbers at which an H.264/HEVC file's sequence parameter sets change (where its resolution may
     change), found by demuxing alone (no decode): the keyframe packets, made Annex-B, compared SPS to SPS.
@@ -126,35 +160,49 @@ def sequence_changes(src: Source) -> list[int]:
     A new SPS comes with an IDR frame, which starts a closed GOP: the packets before it, in decode order, are
     the frames displayed before it, so the count of packets is the frame number. [] for other codecs, for a
     file with one SPS throughout, and where the file cannot be demuxed to its end (the decoder then reports
-    that). The GPU path uses it: DALI's reader gives every frame of a file the first sequence's size.
+    that). The GPU path uses it (through SequenceScan): DALI's reader gives every frame of a file the first
+    sequence's size.
     """
-    from av.bitstream import BitStreamFilterContext
+    return [frames for frames, changed in _walk_sequences(src) if changed]
 
-    changes: list[int] = []
-    with open_container(src) as c:
-        vs = c.streams.video[0]
-        codec = vs.codec_context.name
-        if codec not in ANNEXB_FILTERS:
-            return []
+
+class SequenceScan:
+    """`sequence_changes` in a thread of its own, so that decoding starts at once: the demux runs far ahead
+    of any decoder (about 200 MB/s here), and `first_change_before(end)` waits only until it has passed `end`."""
+
+    def __init__(self, src: Source) -> None:
+        self.src = src
+        self.changes: list[int] = []
+        self.scanned = 0
+        self.done = False
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"scan-{src.id}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
         try:
-            bsf = BitStreamFilterContext(ANNEXB_FILTERS[codec], vs)
-            last: bytes | None = None
-            frames = 0
-            for pkt in c.demux(vs):
-                if pkt.size == 0:
-                    continue
-                key = bool(pkt.is_keyframe)
-                for fp in bsf.filter(pkt):
-                    if key:
-                        sps = sequence_parameter_sets(bytes(fp), codec)
-                        if sps and last is not None and sps != last:
-                            changes.append(frames)
-                        if sps:
-                            last = sps
-                    frames += 1
-        except Exception as exc:  # a damaged file: the decoders report it with the frame where it happens
-            log.debug("stream %s: sequence scan stopped early: %s", src.id, exc)
-    return changes
+            for frames, changed in _walk_sequences(self.src, self._stop):
+                with self._cond:
+                    self.scanned = frames
+                    if changed:
+                        self.changes.append(frames)
+                    self._cond.notify_all()
+        except Exception as exc:  # cannot open it: the decoder reports that itself
+            log.debug("stream %s: sequence scan failed: %s", self.src.id, exc)
+        finally:
+            with self._cond:
+                self.done = True
+                self._cond.notify_all()
+
+    def first_change_before(self, end: int) -> int | None:
+        """The first frame < end where the sequence parameters change, or None; waits until the scan is past end."""
+        with self._cond:
+            self._cond.wait_for(lambda: self.done or self.scanned >= end)  # a report at s covers frames <= s
+            return next((k for k in self.changes if k < end), None)
+
+    def close(self) -> None:
+        self._stop.set()
 
 
 def iter_rgb(src: Source, *, threads: bool = True) -> Iterator[tuple[FrameMeta, np.ndarray]]:

@@ -19,8 +19,9 @@ Decision record:
   map to the right pixels even where a file's resolution changes.
 - DALI's reader gives every frame of a file the size of its first sequence (seen on the H200, 2026-12-02:
   after a resolution change mid-file the frames came out at the first size, and its `shape()` said so too).
-  So a file is scanned first (`decode.sequence_changes`: demux only, the keyframes' SPS compared): DALI
-  decodes it up to its first change of sequence parameters, PyAV on the CPU from there to the end.
+  So a file is scanned as it is decoded (`decode.SequenceScan`, a thread that demuxes it ahead of DALI and
+  compares the keyframes' SPS): DALI decodes it up to its first change of sequence parameters, PyAV on the
+  CPU from there to the end. A batch is handed out only once the scan is past its last frame.
 - Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
   the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
   lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
@@ -105,10 +106,7 @@ class DaliBatchSource:
         self.device_id = device_id
         self.frames_expected: int | None = vi.frames_declared or None
         self._closed = False
-        from .decode import sequence_changes
-
-        changes = sequence_changes(src)
-        self._cpu_from: int | None = changes[0] if changes else None  # frames from here on: PyAV on the CPU
+        self._scan: Any = None  # decode.SequenceScan, started with the iteration
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
         try:
@@ -136,6 +134,15 @@ class DaliBatchSource:
         return cp.ndarray(shape, dtype, cp.cuda.MemoryPointer(mem, 0))
 
     def __iter__(self) -> Iterator[Batch]:
+        from .decode import SequenceScan
+
+        self._scan = SequenceScan(self.src)
+        try:
+            yield from self._batches()
+        finally:
+            self._scan.close()
+
+    def _batches(self) -> Iterator[Batch]:
         cp = self._cp
         width, height = self.vi.width, self.vi.height
         index = 0
@@ -179,18 +186,19 @@ class DaliBatchSource:
             ]
             if not frames:
                 continue
-            if self._cpu_from is not None and index + len(frames) > self._cpu_from:
+            cut = self._scan.first_change_before(index + len(frames))
+            if cut is not None:
                 log.warning(
                     "stream %s: the sequence parameters of file %s change at frame %d (its resolution may change); "
                     "NVDEC (DALI) decodes the frames before it, the CPU (PyAV) the rest",
-                    self.stream, self.src.location, self._cpu_from,
+                    self.stream, self.src.location, cut,
                 )  # fmt: skip
                 if held is not None:
                     yield held[0]
-                frames = frames[: self._cpu_from - index]
+                frames = frames[: cut - index]
                 if frames:
                     yield Batch(self.stream, frames, data, ready=ready)
-                yield from self._rest_on_cpu(self._cpu_from)
+                yield from self._rest_on_cpu(cut)
                 return
             if held is not None and held[1] != (width, height):
                 log.warning(

@@ -46,3 +46,19 @@ def test_a_truncated_file_reports_what_it_could_read(tmp_path: Path) -> None:
     cut = tmp_path / "cut.mkv"
     cut.write_bytes(path.read_bytes()[: path.stat().st_size * 2 // 3])
     assert sequence_changes(Source("cut", str(cut))) in ([], [10]), "no exception: the decoder reports the damage"
+
+
+def test_the_scan_in_a_thread_answers_for_the_frames_before_a_point(tmp_path: Path) -> None:
+    from stream.decode import SequenceScan
+
+    path = make_resolution_change(tmp_path / "rc.mkv", ((320, 240, 10), (160, 96, 8), (320, 240, 5)))
+    scan = SequenceScan(Source("rc", str(path)))
+    assert scan.first_change_before(8) is None  # frames 0-7: one sequence
+    assert scan.first_change_before(10) is None, "frame 10 starts the next sequence: not before 10"
+    assert scan.first_change_before(11) == 10
+    assert scan.first_change_before(1000) == 10, "the first change, past the end of the file too"
+    assert scan.done and scan.changes == [10, 18]
+    scan.close()
+
+    missing = SequenceScan(Source("nope", str(tmp_path / "nope.mp4")))
+    assert missing.first_change_before(8) is None and missing.done, "cannot open it: the decoder says so, not the scan"
