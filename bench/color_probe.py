@@ -7,7 +7,7 @@ Prints, for the first frame of a 640x360 and a 1280x720 sample, the mean per-cha
 """
 import sys, numpy as np, av
 sys.path.insert(0, ".")
-import nvidia.dali.fn as fn, nvidia.dali.types as types
+import nvidia.dali.fn as fn
 from nvidia.dali import pipeline_def
 from stream.sample import make_sample_video
 for w, h in ((640, 360), (1280, 720)):

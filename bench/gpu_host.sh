@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|bench|pp|sweep|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|verify|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -86,6 +86,31 @@ sweep() {
     --json "$OUT/latency-cuda.json" --plot "$OUT/latency-cuda.png" 2>&1 | tee "$OUT/latency-cuda.txt"
 }
 
+soak() {
+  # the GPU soak (#3, #6): 4 looped 1080p files and a paced live feed, faults injected; SIGUSR1 stack dumps and
+  # the daemon's log come back (where its threads spend their time). MINUTES=... sets its length (default 7,
+  # so that it fits one 10-minute device call with the set-up).
+  [ -f /tmp/models/r50_head_fp16.onnx ] || export_models
+  timeout 590 python3 bench/soak.py --minutes "${MINUTES:-7}" --files 4 --live 1 --live-kind paced --device cuda \
+    --model /tmp/models/r50_head_fp16.onnx --size 1920 1080 --no-annotate --stacks 4 \
+    --daemon-log "$OUT/soak-daemon.log" --json "$OUT/soak-cuda.json" 2>&1 | tee "$OUT/soak-cuda.txt" | tail -45
+}
+
+verify() {
+  # one call after the staging: the GPU tests (with the new warm-up, algorithm-search and SPS-scan tests), the
+  # live latency bench on the head model (#4) and the post-processing bench with the naive loop in the same run
+  # (#5). About 9 minutes on the H200.
+  check
+  export_models
+  gpu_tests
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
+  timeout 200 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 1 8 16 --seconds 10 --warmup 3 --json "$OUT/latency-cuda.json" --plot "$OUT/latency-cuda.png" \
+    2>&1 | tee "$OUT/latency-cuda.txt" | grep -v "^- "
+  timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda.json" 2>&1 | tee "$OUT/postprocess-cuda.txt" | tail -20
+}
+
 case $what in
   check) check ;;
   export) export_models ;;
@@ -94,5 +119,7 @@ case $what in
   sweep) sweep ;;
   gputest) gpu_tests ;;
   pp) postprocess_bench ;;
+  soak) soak ;;
+  verify) verify ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

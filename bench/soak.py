@@ -595,6 +595,10 @@ class Soak:
             (0.80, "subscriber churn", lambda: self.f_churn(steady)),
             (0.88, "the subscriber that does not read starts reading", never.read),
         ]
+        # where the daemon's threads are (SIGUSR1: every thread's stack into daemon.log; see --daemon-log)
+        plan += [((k + 0.5) / a.stacks, "thread stacks (SIGUSR1)", lambda: self.proc.send_signal(signal.SIGUSR1))
+                 for k in range(a.stacks)]  # fmt: skip
+        plan.sort(key=lambda p: p[0])
         died = None
         for frac, what, fn in plan:
             while time.time() < self.started_at + frac * total_s:
@@ -635,6 +639,8 @@ class Soak:
         for srv in self.servers:
             srv.kill()
         self.daemon_log.close()
+        if a.daemon_log:
+            shutil.copy(self.work / "daemon.log", a.daemon_log)
         return self.evaluate(steady, never, running, code, stop_s, died, rss_before_stop)
 
     # -- verdict --------------------------------------------------------------------------------------------
@@ -786,6 +792,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-annotate", action="store_true", help="skip the annotate fault even where --annotate exists")
     ap.add_argument("--workdir", help="scratch folder (default: a new temporary one, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (videos, config, daemon.log)")
+    ap.add_argument("--daemon-log", metavar="FILE", help="copy the daemon's log (stderr and stdout) here at the end")
+    ap.add_argument("--stacks", type=int, default=0, metavar="N",
+                    help="send the daemon SIGUSR1 N times, spread over the run: every thread's stack in its log")
     args = ap.parse_args(argv)
     soak = Soak(args)
     try:

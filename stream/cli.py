@@ -100,6 +100,16 @@ def _add_run(sub: Any) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def _stacks_on_sigusr1() -> None:
+    """`kill -USR1 PID` writes the stack of every thread to stderr, and the daemon goes on: where a running
+    daemon spends its time, or where it is stuck, without stopping it (faulthandler, no thread of ours)."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from . import config as config_mod
     from . import pipeline
@@ -135,6 +145,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     _setup_logging(cfg.log_level, cfg.log_format)
+    _stacks_on_sigusr1()
     bars = ProgressBars(progress_enabled(cfg.progress))
     try:
         with bars:

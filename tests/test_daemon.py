@@ -1,8 +1,9 @@
-"""Long-running behaviour: --loop with frame counting on, --duration, Prometheus metrics and /healthz."""
+"""Long-running behaviour: --loop with frame counting on, --duration, Prometheus metrics and /healthz, SIGUSR1."""
 
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -47,11 +48,13 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
                      "stream_detections_total"):
             assert name in text, name
         assert get(f"http://127.0.0.1:{mport}/nope")[0] == 404
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack to stderr; the run goes on
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
     assert proc.returncode == 0, err
     assert "--duration 12s reached" in err
+    assert err.count("Thread 0x") >= 3 and "most recent call first" in err, "SIGUSR1: every thread's stack"
     msgs = col.join(30)
     dets = [m for m in msgs if m["type"] == "detections"]
     assert [m["frame"] for m in dets] == list(range(len(dets))), "frame keeps counting across passes"
