@@ -76,7 +76,7 @@ sweep() {
   # without it the tables and JSON are still written.
   f=${MODEL:-/tmp/models/r50_b8_fp16.onnx}
   [ -f "$f" ] || python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random --input-size 800 800 \
-    --batch 8 --fp16 --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
+    --batch 8 --fp16 --postprocess graph --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
   [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
   timeout 300 python3 bench/streams.py --device cuda --model "$f" --video /tmp/hd.mp4 --streams 1 4 16 32 \
     --buffers 1 2 3 --buffers-streams 4 --sweep-buffers 2 --seconds 6 --infer-seconds 3 \

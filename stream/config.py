@@ -154,8 +154,8 @@ _DEVICES_HINT = 'write CUDA indexes like [0, 1] (--devices 0,1), or "cpu" once p
 
 
 def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
-    """`devices`: one worker process per entry. Entries are CUDA device indexes (distinct, >= 0) or "cpu"
-    (a CPU worker slot; repeat it for N CPU workers); the two kinds do not mix."""
+    """`devices`: one worker process per entry. Entries are CUDA device indexes (>= 0; an index given N times
+    runs N workers on that GPU) or "cpu" (a CPU worker slot; repeat it for N CPU workers); the kinds do not mix."""
     where = _where(origin, "devices")
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"{where} must be a list; {_DEVICES_HINT}; got {value!r}")
@@ -171,8 +171,6 @@ def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
                 raise ConfigError(f"{where}: {v} is negative; CUDA device indexes count from 0; {_DEVICES_HINT}")
             if v > 64:
                 raise ConfigError(f"{where}: {v} is not a CUDA device index (0-64); {_DEVICES_HINT}")
-            if v in out:
-                raise ConfigError(f"{where} names CUDA device {v} twice: one worker per GPU; {_DEVICES_HINT}")
             out.append(v)
         else:
             raise ConfigError(f"{where}: {v!r} is neither a CUDA device index nor \"cpu\"; {_DEVICES_HINT}")

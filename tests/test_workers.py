@@ -56,7 +56,7 @@ class Daemon:
         """stream id -> pid of the worker that runs it, from the log line "worker N (cpu, pid P) runs: a, b"."""
         deadline = time.time() + timeout_s
         while time.time() < deadline:
-            found = [re.search(r"worker \d+ \(\w+, pid (\d+)\) runs: (.*)$", line) for line in list(self.lines)]
+            found = [re.search(r"worker \d+ \([\w:]+, pid (\d+)\) runs: (.*)$", line) for line in list(self.lines)]
             found = [m for m in found if m]
             if len(found) >= 2:
                 return {sid.strip(): int(m.group(1)) for m in found for sid in m.group(2).split(",")}
@@ -96,7 +96,6 @@ def wait_for(cond: Any, timeout_s: float = 60.0) -> None:
     "values, words",
     [
         ({"devices": []}, ["'devices' on the command line", "is empty", "--devices cpu,cpu"]),
-        ({"devices": [0, 0]}, ["CUDA device 0 twice"]),
         ({"devices": [0, -1]}, ["-1 is negative"]),
         ({"devices": ["gpu1"]}, ["'gpu1' is neither"]),
         ({"devices": [0, "cpu"]}, ["mixes"]),
@@ -126,6 +125,7 @@ def test_devices_from_a_file(tmp_path: Path) -> None:
     assert config.load(None, {"devices": [3]}).device_id == 3
     assert config.load(None, {"devices": ["cpu"]}).device == "cpu"
     assert config.load(None, {}).devices == ()
+    assert config.load(None, {"devices": [0, 0]}).devices == (0, 0), "two workers on one GPU"
 
 
 def test_devices_flag_error_exits_2() -> None:
@@ -157,18 +157,30 @@ def test_two_workers_give_the_same_detections_as_one(videos: dict[str, Path], mo
     assert "2 workers (0: cpu, 1: cpu)" in d.stderr and "completed" in d.stderr  # the summary table
 
 
-def test_a_killed_worker_s_streams_go_on_on_the_other(long_videos: dict[str, Path], model_info: Any) -> None:
+def _cuda_reason() -> str | None:
+    from stream.infer import cuda_unavailable_reason
+
+    return cuda_unavailable_reason()
+
+
+ON_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None,
+                                                                             reason="no CUDA path here")])  # fmt: skip
+
+
+@pytest.mark.parametrize("device", ["cpu", ON_CUDA])
+def test_a_killed_worker_s_streams_go_on_on_the_other(long_videos: dict[str, Path], model_info: Any, device: str) -> None:
+    """Two CPU workers, or two CUDA workers sharing one GPU (`--devices 0,0`, on the GPU host)."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     gaps = SeqGaps()
-    col = Collector(endpoint, expect_streams=2, timeout_s=60, gaps=gaps)
+    col = Collector(endpoint, expect_streams=2, timeout_s=120, gaps=gaps)
     srcs = [a for sid, p in long_videos.items() for a in ("--source", f"{sid}={p}")]
-    d = Daemon([*srcs, "--devices", "cpu,cpu", "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1",
-                "--progress", "off"])  # fmt: skip
-    pids = d.worker_pids()
+    d = Daemon([*srcs, "--devices", "cpu,cpu" if device == "cpu" else "0,0", "--device", device, "--publish", endpoint,
+                "--wait-subscribers", "1", "--progress", "off"])  # fmt: skip
+    pids = d.worker_pids(120)
     assert pids["ka"] != pids["kb"], pids
-    wait_for(lambda: sum(1 for m in col.messages if m["stream"] == "kb") >= 12)
+    wait_for(lambda: sum(1 for m in col.messages if m["stream"] == "kb") >= 12, 120)
     os.kill(pids["kb"], signal.SIGKILL)
-    assert d.wait() == 0, d.stderr
+    assert d.wait(180) == 0, d.stderr
     by = {sid: msgs for sid, msgs in col.by_stream().items()}
     for sid, path in long_videos.items():  # every frame exactly once, in order, then the eos with every frame
         check_stream(without_moves(by[sid]), sid, path, model_info.label_names)
@@ -229,3 +241,40 @@ def test_subscribe_to_several_daemons(videos: dict[str, Path]) -> None:
         mine = [m for m in lines if m["stream"] == sid]
         assert [m["frame"] for m in mine[:-1]] == list(range(n)) and mine[-1]["type"] == "eos", sid
     assert "none missed" in err
+
+
+# -- two CUDA workers on one GPU (the GPU host: pytest -m gpu) ------------------------------------------------
+def _same_detections(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> tuple[int, int]:
+    """(detections in a, those of them with no match in b), frame by frame; same GPU, same model: rounding only."""
+    from .conftest import detections_of, unmatched
+
+    da, db = detections_of(a), detections_of(b)
+    assert len(da) == len(db)
+    total = sum(len(x) for x in da)
+    missing = sum(len(unmatched(x, y, min_iou=0.99, score_tol=1e-3, floor=0.0)) for x, y in zip(da, db))
+    return total, missing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(_cuda_reason() is not None, reason="no CUDA path here")
+def test_two_cuda_workers_on_one_gpu_give_the_same_detections_as_one(videos: dict[str, Path], model_info: Any) -> None:
+    files = {sid: videos[sid] for sid in ("plain", "odd_bframes", "bframes")}
+    _, one = collect_run([str(p) for p in files.values()], f"tcp://127.0.0.1:{free_port()}", device="cuda")
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    gaps = SeqGaps()
+    col = Collector(endpoint, expect_streams=len(files), timeout_s=120, gaps=gaps)
+    srcs = [a for p in files.values() for a in ("--source", str(p))]
+    d = Daemon([*srcs, "--devices", "0,0", "--device", "cuda", "--publish", endpoint, "--wait-subscribers", "1",
+                "--progress", "off"])  # fmt: skip
+    pids = d.worker_pids(120)
+    assert d.wait(180) == 0, d.stderr
+    assert len(set(pids.values())) == 2 and set(pids) == set(files), pids
+    assert "2 workers (0: cuda:0, 1: cuda:0)" in d.stderr, d.stderr[-2000:]
+    col.join(60)
+    two = col.by_stream()
+    for sid, path in files.items():
+        check_stream(two[sid], sid, path, model_info.label_names)
+        total, missing = _same_detections(one[sid], two[sid])
+        print(f"{sid}: one worker vs two on one GPU: {total} detections, {missing} unmatched")
+        assert missing <= max(1, total // 100), (sid, total, missing)
+    assert gaps.total == 0 and not gaps.restarts
