@@ -15,10 +15,14 @@ Decision record:
   dropped and counted as "stale" instead of being run, so an overloaded daemon spends the GPU on fresh
   frames and latency stays bounded rather than growing with the queue. Files have no budget: lossless.
 - Everything here runs on the event loop except the stacking and the inference: `buffers` worker threads
-  of the batcher's own take batches from a priority queue, oldest first, where a live feed's batch counts
-  as queued half its staleness budget (`max_staleness_ms / 2`) earlier than it was: it goes ahead of file
-  batches that have waited less than that (a live frame that waits goes stale and is dropped; a lossless
-  file only finishes later), and files still progress when live feeds alone would fill the GPU.
+  of the batcher's own take batches from a priority queue, earliest deadline first. A live feed's batch is
+  due when its oldest frame goes stale (captured_at + max_staleness_ms); a file's batch FILE_DUE_S after it
+  was queued. So a live batch goes ahead of every file batch that has waited less than FILE_DUE_S minus the
+  live frame's remaining budget (a live frame that waits goes stale and is dropped; a lossless file only
+  finishes later), and files still progress, a batch at least every FILE_DUE_S or so per stream, when live
+  feeds alone would fill the engine. (Before 2026-12-03 a live batch only counted as queued half its budget
+  earlier: with a 100-ms budget and four files keeping the one CPU slot busy, every live frame went stale in
+  the queue and the feed published nothing.)
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ from .frames import Batch, Engine, FrameResult
 from .model import ModelInfo
 
 log = logging.getLogger(__name__)
+
+FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was queued (see the decision record)
 
 
 class Batcher:
@@ -60,8 +66,8 @@ class Batcher:
         self._host_pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._copy_stream: Any = None
         self.merged = 0  # inference runs that carried frames of more than one batch
-        # (due, order, parts, future, loop): earliest due first; a live batch is due half its staleness budget
-        # before it was queued, so it goes ahead of file batches queued less than that before it
+        # (due, order, parts, future, loop): earliest deadline first (unix time): a live batch is due when its
+        # oldest frame goes stale, a file batch FILE_DUE_S after it was queued
         self._work_q: queue.PriorityQueue[tuple[float, int, Any, Any, Any]] = queue.PriorityQueue()
         self._order = itertools.count()
         self._workers = [
@@ -110,9 +116,7 @@ class Batcher:
     def _run(self, parts: list[Batch]) -> list[asyncio.Future[list[FrameResult]]]:
         loop = asyncio.get_running_loop()
         whole: asyncio.Future[list[list[FrameResult]]] = loop.create_future()
-        budgets = [b.max_age_s for b in parts if b.max_age_s is not None]
-        due = time.monotonic() - (min(budgets) / 2 if budgets else 0.0)
-        self._work_q.put((due, next(self._order), parts, whole, loop))
+        self._work_q.put((due_at(parts), next(self._order), parts, whole, loop))
         if len(parts) == 1:
             one: asyncio.Future[list[FrameResult]] = loop.create_future()
             whole.add_done_callback(lambda f: _settle([one], f))
@@ -212,6 +216,13 @@ class Batcher:
         for b, _ in parts:
             b.done()
         return Batch(name, frames, buf, ready=ready, snap_rows=snaps)
+
+
+def due_at(parts: list[Batch]) -> float:
+    """When a run of these parts is due (unix time): the first moment a live frame of theirs goes stale, or,
+    for files alone, FILE_DUE_S from now."""
+    deadlines = [b.frames[0].captured_at + b.max_age_s for b in parts if b.max_age_s is not None and b.frames]
+    return min(deadlines) if deadlines else time.time() + FILE_DUE_S
 
 
 def _stale_prefix(b: Batch) -> int:

@@ -260,7 +260,7 @@ def test_live_batches_go_before_queued_file_batches() -> None:
 
     def live() -> Batch:
         b = _make_part("live", 4, 0, 0.0, None)
-        b.max_age_s = 5.0  # counts as queued 2.5 s earlier: ahead of the files queued 0.2 s before it
+        b.max_age_s = 0.5  # due 0.5 s after its capture: before the files queued 0.2 s earlier (due after 1 s)
         return b
 
     async def case() -> list[str]:
@@ -276,3 +276,72 @@ def test_live_batches_go_before_queued_file_batches() -> None:
         return [x[0] for x in eng.batches]
 
     assert asyncio.run(case()) == ["f0", "live", "f1", "f2"]
+
+
+def test_deadlines_live_first_but_files_that_waited_long_go_before_a_live_batch_with_time_left() -> None:
+    """Earliest deadline first: a live batch is due when its oldest frame goes stale, a file batch FILE_DUE_S
+    after it was queued. Four file batches queued 0.9 s before a live batch with a 0.5-s budget are due first
+    (files still progress under live load); one queued just before it is not."""
+    from stream.batcher import FILE_DUE_S, due_at
+
+    now = time.time()
+    live = _make_part("live", 1, 0, 0.0, None)
+    live.max_age_s = 0.5
+    assert abs(due_at([live]) - (live.frames[0].captured_at + 0.5)) < 1e-6
+    assert abs(due_at([_make_part("f", 4, 0, 0.0, None)]) - (now + FILE_DUE_S)) < 0.05
+    merged = due_at([_make_part("f", 2, 0, 0.0, None), live])
+    assert merged == due_at([live]), "a run with live frames in it is due when they go stale"
+
+    gate = threading.Event()
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    async def case() -> list[str]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.0, workers=1)
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.05)
+        futs.append(b.submit(_make_part("old_file", 4, 0, 0.0, None)))
+        await asyncio.sleep(0.7)  # old_file is due 0.3 s from now
+        fresh_live = _make_part("live", 1, 0, 0.0, None)
+        fresh_live.max_age_s = 0.5  # due 0.5 s from now: after old_file
+        futs.append(b.submit(fresh_live))
+        futs.append(b.submit(_make_part("new_file", 4, 0, 0.0, None)))  # due 1 s from now: after the live batch
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [x[0] for x in eng.batches]
+
+    assert asyncio.run(case()) == ["busy", "old_file", "live", "new_file"]
+
+
+def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Path) -> None:
+    """Four looped files keep the one CPU slot busy; a live feed beside them (staleness budget 100 ms, the
+    default) still gets its frames run, in the real pipeline (what the soak found on 2026-12-03)."""
+    import subprocess
+    import sys
+
+    from .loopback import free_port
+
+    files = [make_sample_video(tmp_path / f"f{i}.mp4", width=320, height=240, seconds=1.0) for i in range(4)]
+    feed = make_sample_video(tmp_path / "live.mp4", width=320, height=240, seconds=2.0)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(Path(__file__).parent / "paced_feed.py"), str(feed), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(0.5)  # it takes one client at a time: no probe connection
+    try:
+        cfg = config.load(None, {"sources": [*(f"f{i}={p}" for i, p in enumerate(files)), f"live=tcp://127.0.0.1:{port}"],
+                                 "device": "cpu", "loop": True, "duration_s": 8.0, "progress": "off",
+                                 "publish": f"tcp://127.0.0.1:{free_port()}"})  # fmt: skip
+        assert cfg.max_staleness_ms == 100
+        result = asyncio.run(pipeline.run(cfg))
+    finally:
+        server.kill()
+        server.wait(10)
+    st = result.stats
+    assert all(st[f"f{i}"].frames > 30 for i in range(4)), {k: v.frames for k, v in st.items()}
+    assert st["live"].frames >= 60, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
