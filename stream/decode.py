@@ -119,7 +119,6 @@ def sequence_parameter_sets(annexb: bytes, codec: str) -> bytes:
     return b"".join(out)
 
 
-
 def _walk_sequences(src: Source, stop: threading.Event | None = None) -> Iterator[tuple[int, bool]]:
     """(frames demuxed so far, whether the sequence parameters change at that frame), at every keyframe and
     every 64 packets; nothing for codecs other than H.264/HEVC. Demux only, no decode."""

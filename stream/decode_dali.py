@@ -15,8 +15,7 @@ Decision record:
 - Resize is bilinear without antialiasing, to float32, like the CPU path (OpenCV INTER_LINEAR on float) and
   torchvision: no rounding to uint8 between resize and normalize.
 - frame numbers, timestamps and the decoded frame size are a few bytes per batch; they are the only things
-  read back to the host. The size comes from the decoder's output (not the container's header), so boxes
-  map to the right pixels even where a file's resolution changes.
+  read back to the host. The size comes from the decoder's output (not the container's header).
 - DALI's reader gives every frame of a file the size of its first sequence (seen on the H200, 2026-12-02:
   after a resolution change mid-file the frames came out at the first size, and its `shape()` said so too).
   So a file is scanned as it is decoded (`decode.SequenceScan`, a thread that demuxes it ahead of DALI and
@@ -146,10 +145,6 @@ class DaliBatchSource:
         cp = self._cp
         width, height = self.vi.width, self.vi.height
         index = 0
-        # One batch is held back until the next one's decoded size is known: DALI gives one size per sequence,
-        # so a sequence in which the resolution changes carries the old size (seen on the H200, 2026-12-02).
-        # When the next size differs, the held batch and the rest of the file are decoded on the CPU.
-        held: tuple[Batch, tuple[int, int], int] | None = None
         for _ in range(self._epoch):
             if self._closed:
                 return
@@ -170,12 +165,11 @@ class DaliBatchSource:
                         if len(fhwc) == 4 and fhwc[1] > 0 and fhwc[2] > 0:
                             height, width = int(fhwc[1]), int(fhwc[2])
             except Exception as exc:
-                start = held[2] if held is not None else index
                 log.warning(
                     "stream %s: NVDEC decoding of file %s failed after %d frames (%s); decoding the rest on the CPU",
-                    self.stream, self.src.location, start, first_line(exc),
+                    self.stream, self.src.location, index, first_line(exc),
                 )
-                yield from self._rest_on_cpu(start)
+                yield from self._rest_on_cpu(index)
                 return
             valid = [i for i, n in enumerate(nums) if n >= 0]
             if valid != list(range(len(valid))):
@@ -193,27 +187,13 @@ class DaliBatchSource:
                     "NVDEC (DALI) decodes the frames before it, the CPU (PyAV) the rest",
                     self.stream, self.src.location, cut,
                 )  # fmt: skip
-                if held is not None:
-                    yield held[0]
                 frames = frames[: cut - index]
                 if frames:
                     yield Batch(self.stream, frames, data, ready=ready)
                 yield from self._rest_on_cpu(cut)
                 return
-            if held is not None and held[1] != (width, height):
-                log.warning(
-                    "stream %s: the resolution of file %s changes between frames %d and %d (%dx%d to %dx%d); "
-                    "decoding from frame %d on the CPU", self.stream, self.src.location, held[2], index + len(frames),
-                    held[1][0], held[1][1], width, height, held[2],
-                )
-                yield from self._rest_on_cpu(held[2])
-                return
-            if held is not None:
-                yield held[0]
-            held = (Batch(self.stream, frames, data, ready=ready), (width, height), index)
+            yield Batch(self.stream, frames, data, ready=ready)
             index += len(frames)
-        if held is not None:
-            yield held[0]
         if self.frames_expected and index < self.frames_expected:
             raise DecodeError(
                 f"stream {self.stream}: file {self.src.location} ended after {index} of the {self.frames_expected} "

@@ -55,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from .decode import ANNEXB_FILTERS, sequence_parameter_sets  # noqa: F401 (re-exported)
+from .decode import ANNEXB_FILTERS, sequence_parameter_sets
 from .errors import DecodeError, first_line
 from .model import ModelInfo
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -164,8 +165,6 @@ class CudaEngine:
     def warm_up(self) -> None:
         """Run every batch size the run can meet (1..batch for a dynamic-batch model, else batch) once on every
         slot, so that cuDNN's per-shape algorithm choice and CuPy's kernel compiles happen now, not on a frame."""
-        import time
-
         cp, info = self._cp, self.info
         sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch else (info.batch,)
         t0 = time.perf_counter()
@@ -191,14 +190,12 @@ class CudaEngine:
         cp = self._cp
         info = self.info
         with cp.cuda.Device(self.device_id), slot.stream:
-            x = batch.data
             n = len(batch.frames)
+            x = batch.data[:n] if info.dynamic_batch else batch.data  # a partial batch runs at its own size
             if isinstance(x, np.ndarray):  # decoded on the CPU (a live feed, a codec NVDEC does not take)
-                x = cp.asarray(x[:n] if info.dynamic_batch else x)  # the valid rows only, where they suffice
+                x = cp.asarray(x)
             elif batch.ready is not None:
                 slot.stream.wait_event(batch.ready)
-            if info.dynamic_batch:
-                x = x[:n]  # a partial batch runs at its own size
             if x.dtype != self._dtype or not x.flags.c_contiguous:
                 x = cp.ascontiguousarray(x, dtype=self._dtype)
             slot.binding.bind_input(

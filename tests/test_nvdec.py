@@ -777,7 +777,7 @@ def test_sequence_parameter_sets_change_where_the_resolution_does(tmp_path: Path
     import av
     from av.bitstream import BitStreamFilterContext
 
-    from stream.decode_nvdec import sequence_parameter_sets
+    from stream.decode import sequence_parameter_sets
 
     from .conftest import make_resolution_change
 
