@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|verify|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -48,7 +48,7 @@ run_tests() {
 gpu_tests() {
   # only the GPU tests (what the CPU machines cannot run), with the models exported above
   STREAM_TEST_MODELS=/tmp/models python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu tests/test_gpu.py \
-    tests/test_nvdec.py tests/test_gpu_postprocess.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 }
 
 postprocess_bench() {
@@ -92,23 +92,35 @@ soak() {
   # so that it fits one 10-minute device call with the set-up).
   [ -f /tmp/models/r50_head_fp16.onnx ] || export_models
   timeout 590 python3 bench/soak.py --minutes "${MINUTES:-7}" --files 4 --live 1 --live-kind paced --device cuda \
-    --model /tmp/models/r50_head_fp16.onnx --size 1920 1080 --no-annotate --stacks 4 \
+    --model /tmp/models/r50_head_fp16.onnx --size 1920 1080 --no-annotate --stacks 4 --log-level debug \
     --daemon-log "$OUT/soak-daemon.log" --json "$OUT/soak-cuda.json" 2>&1 | tee "$OUT/soak-cuda.txt" | tail -45
 }
 
-verify() {
-  # one call after the staging: the GPU tests (with the new warm-up, algorithm-search and SPS-scan tests), the
-  # live latency bench on the head model (#4) and the post-processing bench with the naive loop in the same run
-  # (#5). About 9 minutes on the H200.
+verify1() {
+  # the GPU tests (with the warm-up, algorithm-search, SPS-scan and two-workers-on-one-GPU tests)
   check
   export_models
   gpu_tests
+}
+
+verify2() {
+  # the live latency bench on the head model (#4), at the default max_staleness_ms (100) and, for the 16 feeds
+  # over capacity, at 60; then the post-processing bench with the naive loop in the same run (#5)
   [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
   timeout 200 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
     --modes paced --feeds 1 8 16 --seconds 10 --warmup 3 --json "$OUT/latency-cuda.json" --plot "$OUT/latency-cuda.png" \
-    2>&1 | tee "$OUT/latency-cuda.txt" | grep -v "^- "
+    2>&1 | tee "$OUT/latency-cuda.txt" | grep -v "^- " | tail -25
+  timeout 90 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 16 --seconds 10 --warmup 3 --set max_staleness_ms=60 --json "$OUT/latency-cuda-60.json" \
+    2>&1 | tee "$OUT/latency-cuda-60.txt" | grep -v "^- " | tail -12
   timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models --video /tmp/hd.mp4 --streams 8 \
     --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda.json" 2>&1 | tee "$OUT/postprocess-cuda.txt" | tail -20
+}
+
+verify() {
+  # both, in one call: about 9 minutes on the H200
+  verify1
+  verify2
 }
 
 case $what in
@@ -121,5 +133,7 @@ case $what in
   pp) postprocess_bench ;;
   soak) soak ;;
   verify) verify ;;
+  verify1) verify1 ;;
+  verify2) verify2 ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

@@ -396,7 +396,7 @@ class Soak:
         cmd = [sys.executable, "-m", "stream", "run", "--config", str(self.work / "soak.toml"),
                *[x for s in sources for x in ("--source", s)], "--device", a.device, "--loop",
                "--control", self.control, "--metrics-port", str(self.mport), "--publish", self.publish,
-               "--wait-subscribers", "1", "--progress", "off"]  # fmt: skip
+               "--wait-subscribers", "1", "--progress", "off", "--log-level", a.log_level]  # fmt: skip
         if a.model:
             cmd += ["--model", a.model]
         if self.annotate:
@@ -792,6 +792,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-annotate", action="store_true", help="skip the annotate fault even where --annotate exists")
     ap.add_argument("--workdir", help="scratch folder (default: a new temporary one, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (videos, config, daemon.log)")
+    ap.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
+                    help="the daemon's log level (debug adds each looped pass's and DALI pipeline's timing)")
     ap.add_argument("--daemon-log", metavar="FILE", help="copy the daemon's log (stderr and stdout) here at the end")
     ap.add_argument("--stacks", type=int, default=0, metavar="N",
                     help="send the daemon SIGUSR1 N times, spread over the run: every thread's stack in its log")

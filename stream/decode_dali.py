@@ -108,6 +108,7 @@ class DaliBatchSource:
         self._scan: Any = None  # decode.SequenceScan, started with the iteration
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
+        t0 = time.perf_counter()
         try:
             try:
                 self._pipe = build_pipeline(src.location, info, device_id)
@@ -117,6 +118,8 @@ class DaliBatchSource:
                 self._pipe = build_pipeline(src.location, info, device_id, sizes=False)
                 self._pipe.build()
             self._epoch = int(self._pipe.epoch_size("reader"))
+            log.debug("stream %s: DALI pipeline for %s built in %.0f ms (%d sequences of %d frames)",
+                      src.id, src.location, 1000 * (time.perf_counter() - t0), self._epoch, info.batch)
         except Exception as exc:  # DALI raises RuntimeError with the C++ message
             raise DecodeError(
                 f"stream {src.id}: DALI cannot decode file {src.location} on the GPU ({first_line(exc)})",

@@ -7,11 +7,15 @@ and starts again at each pass.
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from .errors import DecodeError
 from .frames import Batch, BatchSource
+
+log = logging.getLogger(__name__)
 
 
 class LoopingSource:
@@ -26,7 +30,7 @@ class LoopingSource:
     def __iter__(self) -> Iterator[Batch]:
         offset = 0
         while not self._closed:
-            count = 0
+            count, t0 = 0, time.perf_counter()
             for batch in self._current:
                 count += len(batch.frames)
                 if offset:
@@ -36,9 +40,12 @@ class LoopingSource:
                 raise DecodeError(f"stream {self.stream}: a pass over the file yielded no frame; cannot loop it")
             offset += count
             self.passes += 1
+            t1 = time.perf_counter()
             self._current.close()
             if not self._closed:
                 self._current = self._make()
+            log.debug("stream %s: pass %d, %d frames in %.2f s; the next pass opened in %.2f s",
+                      self.stream, self.passes, count, t1 - t0, time.perf_counter() - t1)
 
     def close(self) -> None:
         self._closed = True
