@@ -101,6 +101,13 @@ verify1() {
   check
   export_models
   gpu_tests
+  loop_passes
+}
+
+loop_passes() {
+  # looped short 1080p files, decode only: a new DALI pipeline per pass against the same one rewound
+  timeout 120 python3 bench/loop_passes.py --device cuda --model /tmp/models/r50_head_fp16.onnx --files 4 \
+    --seconds 15 --json "$OUT/loop-passes-cuda.json" 2>&1 | tee "$OUT/loop-passes-cuda.txt" | tail -9
 }
 
 verify2() {
@@ -132,6 +139,7 @@ case $what in
   gputest) gpu_tests ;;
   pp) postprocess_bench ;;
   soak) soak ;;
+  loop) loop_passes ;;
   verify) verify ;;
   verify1) verify1 ;;
   verify2) verify2 ;;

@@ -21,6 +21,12 @@ Decision record:
   So a file is scanned as it is decoded (`decode.SequenceScan`, a thread that demuxes it ahead of DALI and
   compares the keyframes' SPS): DALI decodes it up to its first change of sequence parameters, PyAV on the
   CPU from there to the end. A batch is handed out only once the scan is past its last frame.
+- A looped file (`--loop`) keeps its pipeline from pass to pass (`rewind`): the reader wraps into its next
+  epoch, which is the file again from frame 0, so a pass costs no pipeline build, NVDEC decoder creation or
+  new device buffers, and DALI's prefetch of the next pass's first sequences is used, not thrown away. This
+  holds only after a pass that ran the whole epoch on DALI (no change of sequence parameters, no CPU rest)
+  over a file whose inode, size and mtime are unchanged; otherwise the next pass builds a new pipeline (and a
+  removed file fails with the usual clear error).
 - Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
   the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
   lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
@@ -29,6 +35,7 @@ Decision record:
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -106,6 +113,10 @@ class DaliBatchSource:
         self.frames_expected: int | None = vi.frames_declared or None
         self._closed = False
         self._scan: Any = None  # decode.SequenceScan, started with the iteration
+        self._file = _file_id(src.location)
+        self._whole_pass = False  # the last pass ran the whole epoch on DALI (rewind may reuse the pipeline)
+        self._sequence_clean = False  # a whole pass found one set of sequence parameters: no scan needed again
+        self.passes = 0
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
         t0 = time.perf_counter()
@@ -138,11 +149,21 @@ class DaliBatchSource:
     def __iter__(self) -> Iterator[Batch]:
         from .decode import SequenceScan
 
-        self._scan = SequenceScan(self.src)
+        self._whole_pass = False
+        self._scan = _NoChanges() if self._sequence_clean else SequenceScan(self.src)
         try:
             yield from self._batches()
         finally:
             self._scan.close()
+        self.passes += 1
+
+    def rewind(self) -> bool:
+        """Make the next iteration another pass over the same file on the same pipeline; False where it
+        cannot (the last pass did not run the whole epoch on DALI, or the file changed or went away)."""
+        if self._closed or not self._whole_pass or _file_id(self.src.location) != self._file:
+            return False
+        self._sequence_clean = True
+        return True
 
     def _batches(self) -> Iterator[Batch]:
         cp = self._cp
@@ -203,6 +224,7 @@ class DaliBatchSource:
                 f"frames its header declares; it is truncated: re-copy or re-encode it",
                 stream=self.stream,
             )
+        self._whole_pass = not self._closed
 
     def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
         """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
@@ -231,3 +253,21 @@ class DaliBatchSource:
 
     def close(self) -> None:
         self._closed = True
+
+
+class _NoChanges:
+    """The scan of a file already scanned whole, with one set of sequence parameters throughout."""
+
+    def first_change_before(self, end: int) -> int | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def _file_id(path: str) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)

@@ -307,3 +307,50 @@ def test_snapshot_and_gpu_memory_gauge(h264: dict[str, Path], model_info: Any) -
     assert np.abs(img.astype(np.float32) - ref).mean() < 8.0  # YUV->RGB differs by ~2 levels (module docstring)
     gauge = [line for text in metrics_text for line in text.splitlines() if line.startswith("stream_gpu_memory_bytes")]
     assert gauge and max(float(g.split()[-1]) for g in gauge) > 100e6, gauge[-3:]
+
+
+def test_a_looped_file_keeps_its_dali_pipeline(h264: dict[str, Path], tmp_path: Path) -> None:
+    """--loop on DALI: the next pass rewinds the same pipeline (no new build) and gives the same frames as the
+    first, bit for bit; a file changed between passes gets a new pipeline, again with the same frames."""
+    import os
+    import shutil
+
+    import cupy as cp
+
+    from stream import config, pipeline
+    from stream.decode_dali import DaliBatchSource
+    from stream.looping import LoopingSource
+    from stream.model import default_model_path, load_info
+    from stream.sources import Source
+
+    from .test_e2e import decoded_frames
+
+    path = tmp_path / "loop.mp4"
+    shutil.copy(h264["bframes"], path)
+    n = decoded_frames(path)
+    info = load_info(default_model_path())
+    cfg = config.load(None, {"device": "cuda", "progress": "off"})
+    looper = pipeline.make_source(Source("lp", str(path), loop=True), info, "cuda", cfg)
+    assert isinstance(looper, LoopingSource) and isinstance(looper._current, DaliBatchSource)
+    first = looper._current
+    sums: list[list[float]] = [[], [], []]
+    indices: list[int] = []
+    for batch in looper:
+        k = len(indices) // n
+        if k == 3:
+            break
+        if k == 1 and not sums[1]:  # during the second pass: the file changes (its mtime)
+            st = os.stat(path)
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        batch.ready.synchronize()
+        rows = batch.data[: len(batch.frames)].astype(cp.float64)
+        sums[k] += [float(x) for x in rows.reshape(len(batch.frames), -1).sum(axis=1).get()]
+        indices += [m.index for m in batch.frames]
+        batch.done()
+    looper.close()
+    assert indices[: 3 * n] == list(range(3 * n))
+    assert len(sums[0]) == len(sums[1]) == len(sums[2]) == n
+    assert sums[1] == sums[0], "the rewound pipeline's second pass differs from its first"
+    assert sums[2] == sums[0], "the new pipeline's pass differs from the first"
+    assert looper.passes == 3 and looper.rebuilt == 1  # pass 2 rewound, pass 3 on a new pipeline (file changed)
+    assert first.passes == 2 and looper._current is not first
