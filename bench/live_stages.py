@@ -1,0 +1,191 @@
+"""Where a live frame's capture-to-publish latency goes, stage by stage, for paced feeds (bench/latency.py's
+bench-only `paced:` files), in one process with the daemon's own Runner, batcher and engine; no subscriber.
+
+    python bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 --feeds 1 8
+
+Per frame, milliseconds after its capture (`captured_at`, the packet's arrival) at which it reached:
+handout (the live source gave it to the pipeline), submit (the batcher took it), work (an inference worker
+took its batch; live frames older than max_staleness_ms are dropped here), infer (the engine was called),
+slot (the engine had a free slot: CUDA only), post (model run and post-processing done, before the one
+download: CUDA only), inferred (results back in the worker), published (sent by the Runner). p50/p90/p99 over
+frames captured after the first --skip-s seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import latency  # noqa: E402
+
+from stream import batcher as bm  # noqa: E402
+from stream import config, pipeline  # noqa: E402
+from stream.model import default_model_path, load_info  # noqa: E402
+from stream.sources import Source  # noqa: E402
+
+STAGES = ("handout", "submit", "work", "infer", "slot", "post", "inferred", "published")
+T: dict[tuple[str, int], dict[str, float]] = {}
+
+
+def rec(stage: str, frames: Any, stream: str | None = None) -> None:
+    now = time.time()
+    for m in frames:
+        T.setdefault((stream or "", m.index, m.captured_at), {"at": m.captured_at})[stage] = now - m.captured_at
+
+
+def instrument(device: str) -> None:
+    """Wrap the seams between stages (the code itself is unchanged)."""
+    o_submit, o_work = bm.Batcher.submit, bm.Batcher._work
+
+    def submit(self: Any, batch: Any) -> Any:
+        rec("submit", batch.frames, batch.stream)
+        return o_submit(self, batch)
+
+    def work(self: Any, parts: list[Any]) -> Any:
+        for b in parts:
+            rec("work", b.frames, b.stream)
+        out = o_work(self, parts)
+        for b, res in zip(parts, out):
+            rec("inferred", [r.meta for r in res], b.stream)
+        return out
+
+    bm.Batcher.submit, bm.Batcher._work = submit, work
+    o_pub = pipeline.Runner._publish
+
+    async def pub(self: Any, st: Any, res: Any) -> None:
+        await o_pub(self, st, res)
+        rec("published", [res.meta], st.id)
+
+    pipeline.Runner._publish = pub
+    if device == "cuda":
+        from stream import infer_cuda as ic
+
+        o_infer, o_run, o_dl = ic.CudaEngine.infer, ic.CudaEngine._run, ic.download
+        current: dict[int, Any] = {}
+
+        def infer(self: Any, batch: Any) -> Any:
+            for m in batch.frames:
+                rec("infer", [m], _owner(m))
+            return o_infer(self, batch)
+
+        def run(self: Any, slot: Any, batch: Any) -> Any:
+            for m in batch.frames:
+                rec("slot", [m], _owner(m))
+            current[id(slot.stream)] = batch
+            return o_run(self, slot, batch)
+
+        def dl(arr: Any, stream: Any) -> Any:
+            b = current.get(id(stream))
+            if b is not None:
+                for m in b.frames:
+                    rec("post", [m], _owner(m))
+            return o_dl(arr, stream)
+
+        ic.CudaEngine.infer, ic.CudaEngine._run, ic.download = infer, run, dl
+
+
+OWNER: dict[int, str] = {}
+
+
+def _owner(m: Any) -> str:
+    return OWNER.get(id(m), "")
+
+
+async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, seconds: float) -> None:
+    pool = cfg.queue_batches + cfg.buffers + 1
+
+    def factory(s: Source) -> Any:
+        src = latency.live_source(s, info, cfg, pool, engine.device)
+        orig = src._fresh
+
+        def fresh(p: Any) -> Any:
+            b = orig(p)
+            if b is not None:
+                rec("handout", b.frames, s.id)
+                for m in b.frames:
+                    OWNER[id(m)] = s.id
+            return b
+
+        src._fresh = fresh
+        return src
+
+    srcs = [Source(f"f{i:02d}", f"{latency.PACED}{i / feeds / 30:.4f}:{video}", live=True) for i in range(feeds)]
+    runner = pipeline.Runner(cfg, srcs, info, engine, _Null(), handle_signals=False, source_factory=factory)
+    task = asyncio.create_task(runner.run())
+    await asyncio.sleep(seconds)
+    runner.stop()
+    await task
+    dropped: dict[str, int] = {}
+    for st in runner.stats.values():
+        for k, v in st.dropped.items():
+            dropped[k] = dropped.get(k, 0) + v
+    print(f"\n{feeds} feed(s), {seconds:.0f} s: published {sum(st.frames for st in runner.stats.values())}, "
+          f"dropped {dropped}")  # fmt: skip
+
+
+class _Null:
+    async def send(self, msg: dict[str, Any]) -> None:
+        pass
+
+
+def table(skip_s: float, t0: float) -> None:
+    rows = [v for v in T.values() if v["at"] >= t0 + skip_s]
+    print("| stage | frames | p50 ms | p90 ms | p99 ms |")
+    print("| --- | --- | --- | --- | --- |")
+    for stage in STAGES:
+        xs = np.array([v[stage] for v in rows if stage in v]) * 1000
+        if len(xs):
+            p50, p90, p99 = np.percentile(xs, [50, 90, 99])
+            print(f"| {stage} | {len(xs)} | {p50:.1f} | {p90:.1f} | {p99:.1f} |")
+
+
+async def main_async(args: argparse.Namespace) -> None:
+    overrides = dict(kv.split("=", 1) for kv in args.set)
+    cfg = config.load(None, {"device": args.device, "progress": "off", **{k: _num(v) for k, v in overrides.items()}})
+    info = load_info(args.model or default_model_path())
+    engine = await asyncio.to_thread(pipeline.make_engine, args.device, info, cfg)
+    print(f"{args.device}: {info.path.name} batch {info.batch} {info.dtype}; buffers {cfg.buffers}, batch_timeout_ms "
+          f"{cfg.batch_timeout_ms}, max_staleness_ms {cfg.max_staleness_ms}, live_decode {cfg.live_decode}")  # fmt: skip
+    for n in args.feeds:
+        T.clear()
+        t0 = time.time()
+        await one_point(cfg, info, engine, args.video, n, args.seconds)
+        table(args.skip_s, t0)
+
+
+def _num(v: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    return v
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--video", type=Path, required=True)
+    ap.add_argument("--feeds", type=int, nargs="+", default=[1])
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--skip-s", type=float, default=3.0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    args = ap.parse_args()
+    latency.install_paced_open()
+    instrument(args.device)
+    asyncio.run(main_async(args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
