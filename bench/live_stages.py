@@ -180,7 +180,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--skip-s", type=float, default=3.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval (s) for this run: how long a thread may keep the GIL (Python: 0.005)")
     args = ap.parse_args()
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval)
+    print(f"GIL switch interval {sys.getswitchinterval() * 1000:.2f} ms")
     latency.install_paced_open()
     instrument(args.device)
     asyncio.run(main_async(args))
