@@ -50,6 +50,31 @@ def wait_for_messages(col: Collector, n: int, proc: subprocess.Popen[str], timeo
     return time.time()
 
 
+def latest_frames(msgs: list[dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for m in list(msgs[-50:]):
+        if m["type"] == "detections":
+            out[m["stream"]] = max(out.get(m["stream"], -1), m["frame"])
+    return out
+
+
+def wait_caught_up(slow_msgs: list[dict[str, Any]], col: Collector, proc: subprocess.Popen[str],
+                   timeout_s: float = 120) -> None:
+    """Until the subscriber that reads late is within a few messages of the one that read all along, per stream.
+
+    Reading late, it first drains what its queues held and only then gets the newest messages: on a loaded
+    2-core machine that takes longer than a fixed sleep can promise.
+    """
+    deadline = time.time() + timeout_s
+    while True:
+        assert proc.poll() is None, f"the run ended early: {proc.communicate()[1][-3000:]}"
+        ahead, late = latest_frames(col.messages), latest_frames(slow_msgs)
+        if len(ahead) == 2 and all(late.get(sid, -10) >= seq - 3 for sid, seq in ahead.items()):
+            return
+        assert time.time() < deadline, f"the late reader did not catch up in {timeout_s} s: {late} against {ahead}"
+        time.sleep(0.05)
+
+
 def frames_of(msgs: list[dict[str, Any]], sid: str) -> list[int]:
     return [m["frame"] for m in msgs if m["stream"] == sid and m["type"] == "detections"]
 
@@ -103,7 +128,7 @@ def test_subscriber_that_never_reads_loses_alone_and_counts_it(
     try:
         wait_for_messages(col, want, proc, timeout_s=240)
         reader.start()  # from now on it reads, while the run goes on
-        time.sleep(4)
+        wait_caught_up(slow_msgs, col, proc)  # else its full queue could drop the eos
         t0 = time.time()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=60)
