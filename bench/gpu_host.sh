@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -124,6 +124,21 @@ verify2() {
     --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda.json" 2>&1 | tee "$OUT/postprocess-cuda.txt" | tail -20
 }
 
+stages() {
+  # #4: where a live frame's latency goes inside the engine call (model run, post-processing, download), how
+  # late a 1 ms sleeper thread wakes (the GIL), and which threads burn CPU; NVDEC feeds 1 and 8, a CPU-decoded 1
+  mkdir -p /tmp/models
+  [ -f /tmp/models/r50_head_fp16.onnx ] || timeout 90 python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
+    --weights random --input-size 800 800 --batch 8 --fp16 --score-thresh "$THRESH" --postprocess device \
+    --output /tmp/models/r50_head_fp16.onnx 2>&1 | tail -2 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  timeout 75 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 1 8 --seconds 9 2>&1 | tee "$OUT/live-stages-nvdec.txt"
+  timeout 50 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 1 --seconds 9 --set live_decode=cpu 2>&1 | tee "$OUT/live-stages-cpu.txt"
+}
+
 verify() {
   # both, in one call: about 9 minutes on the H200
   verify1
@@ -143,5 +158,6 @@ case $what in
   verify) verify ;;
   verify1) verify1 ;;
   verify2) verify2 ;;
+  stages) stages ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

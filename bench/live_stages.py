@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,8 +35,9 @@ from stream import config, pipeline  # noqa: E402
 from stream.model import default_model_path, load_info  # noqa: E402
 from stream.sources import Source  # noqa: E402
 
-STAGES = ("handout", "submit", "work", "infer", "slot", "post", "inferred", "published")
+STAGES = ("handout", "submit", "work", "infer", "slot", "run0", "ran", "postproc", "post", "inferred", "published")
 T: dict[tuple[str, int], dict[str, float]] = {}
+TL = threading.local()  # the batch an engine worker thread is running
 
 
 def rec(stage: str, frames: Any, stream: str | None = None) -> None:
@@ -81,7 +85,41 @@ def instrument(device: str) -> None:
             for m in batch.frames:
                 rec("slot", [m], _owner(m))
             current[id(slot.stream)] = batch
+            TL.batch = batch
+            if not getattr(slot, "_timed", False):  # once per slot: time the model run and the post-processing
+                slot._timed = True
+                o_ort = slot.session.run_with_iobinding
+
+                def ort(binding: Any, *a: Any, _o: Any = o_ort) -> Any:
+                    b = getattr(TL, "batch", None)
+                    owned = [(m, _owner(m)) for m in b.frames] if b is not None else []
+                    for m, o in owned:
+                        rec("run0", [m], o)
+                    out = _o(binding, *a)
+                    for m, o in owned:
+                        rec("ran", [m], o)
+                    return out
+
+                slot.session.run_with_iobinding = ort
             return o_run(self, slot, batch)
+
+        o_init = ic.CudaEngine.__init__
+
+        def init(self: Any, *a: Any, **k: Any) -> None:
+            o_init(self, *a, **k)
+            if self.post is not None:
+                o_post = self.post
+
+                def post(*pa: Any, **pk: Any) -> Any:
+                    out = o_post(*pa, **pk)
+                    b = getattr(TL, "batch", None)
+                    for m in b.frames if b is not None else ():
+                        rec("postproc", [m], _owner(m))
+                    return out
+
+                self.post = post
+
+        ic.CudaEngine.__init__ = init
 
         def dl(arr: Any, stream: Any) -> Any:
             b = current.get(id(stream))
@@ -121,7 +159,11 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
     srcs = [Source(f"f{i:02d}", f"{latency.PACED}{i / feeds / 30:.4f}:{video}", live=True) for i in range(feeds)]
     runner = pipeline.Runner(cfg, srcs, info, engine, _Null(), handle_signals=False, source_factory=factory)
     task = asyncio.create_task(runner.run())
-    await asyncio.sleep(seconds)
+    await asyncio.sleep(min(3.0, seconds / 3))
+    ticker, cpu0, c0 = Ticker(), thread_cpu(), time.time()
+    await asyncio.sleep(seconds - min(3.0, seconds / 3))
+    cpu_table(cpu0, thread_cpu(), time.time() - c0)
+    print(ticker.close())
     runner.stop()
     await task
     dropped: dict[str, int] = {}
@@ -130,6 +172,54 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
             dropped[k] = dropped.get(k, 0) + v
     print(f"\n{feeds} feed(s), {seconds:.0f} s: published {sum(st.frames for st in runner.stats.values())}, "
           f"dropped {dropped}")  # fmt: skip
+
+
+class Ticker:
+    """A thread that sleeps 1 ms at a time: how late it wakes is how long a thread waits for the GIL (plus the
+    OS's own wake-up latency), the wait every CuPy call of the engine's post-processing can meet."""
+
+    def __init__(self) -> None:
+        self.late: list[float] = []
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="gil-ticker", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t = time.perf_counter()
+            time.sleep(0.001)
+            self.late.append(time.perf_counter() - t - 0.001)
+
+    def close(self) -> str:
+        self._stop.set()
+        self._t.join(1)
+        xs = np.array(self.late[len(self.late) // 4:]) * 1000  # after the start-up
+        if not len(xs):
+            return "gil-ticker: no samples"
+        p50, p99 = np.percentile(xs, [50, 99])
+        return f"gil-ticker: 1 ms sleeps woke {p50:.2f} ms late p50, {p99:.2f} ms p99, {xs.max():.1f} ms max ({len(xs)})"
+
+
+def thread_cpu() -> dict[str, float]:
+    """CPU seconds (user + system) of this process's threads, by Python thread name ("native" for the rest:
+    ORT, CUDA, FFmpeg and ZeroMQ threads), from /proc (Linux)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path("/proc/self/task").iterdir():
+        try:
+            f = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        name = names.get(int(task.name), "native")
+        name = re.sub(r"\d+$", "N", name)
+        out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+    return out
+
+
+def cpu_table(before: dict[str, float], after: dict[str, float], seconds: float) -> None:
+    rows = sorted(((after[k] - before.get(k, 0.0)) / seconds, k) for k in after)
+    print("threads by CPU (cores busy): " + ", ".join(f"{k} {v:.2f}" for v, k in reversed(rows) if v >= 0.02))
 
 
 class _Null:
