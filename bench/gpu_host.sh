@@ -137,6 +137,8 @@ stages() {
     --feeds 1 8 --seconds 9 2>&1 | tee "$OUT/live-stages-nvdec.txt"
   timeout 50 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
     --feeds 1 --seconds 9 --set live_decode=cpu 2>&1 | tee "$OUT/live-stages-cpu.txt"
+  timeout 60 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 8 --seconds 9 --ort-threads 1 2>&1 | tee "$OUT/live-stages-nvdec-ort1.txt"
 }
 
 verify() {

@@ -272,7 +272,21 @@ def main() -> int:
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (s) for this run: how long a thread may keep the GIL (Python: 0.005)")
+    ap.add_argument("--ort-threads", type=int, default=None,
+                    help="intra-op threads of the CUDA sessions, with spinning off (ORT's default: one per core, "
+                         "spinning): whether ORT's idle threads crowd the readers and the engine thread out")
     args = ap.parse_args()
+    if args.ort_threads:
+        from stream import infer, infer_cuda
+
+        def opts(threads: int | None = None, _o: Any = infer.session_options) -> Any:
+            so = _o(args.ort_threads)
+            so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            so.inter_op_num_threads = 1
+            return so
+
+        infer_cuda.session_options = opts
+        print(f"CUDA sessions: {args.ort_threads} intra-op thread(s), no spinning")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     print(f"GIL switch interval {sys.getswitchinterval() * 1000:.2f} ms")
