@@ -6,9 +6,14 @@ bench-only `paced:` files), in one process with the daemon's own Runner, batcher
 Per frame, milliseconds after its capture (`captured_at`, the packet's arrival) at which it reached:
 handout (the live source gave it to the pipeline), submit (the batcher took it), work (an inference worker
 took its batch; live frames older than max_staleness_ms are dropped here), infer (the engine was called),
-slot (the engine had a free slot: CUDA only), post (model run and post-processing done, before the one
-download: CUDA only), inferred (results back in the worker), published (sent by the Runner). p50/p90/p99 over
-frames captured after the first --skip-s seconds.
+slot (the engine had a free slot: CUDA only), run0 and ran (ORT's run_with_iobinding called and returned),
+postproc (the device post-processing's calls made; the GPU may still be working), post (packed, before the one
+download, which waits for the GPU), inferred (results back in the worker), published (sent by the Runner).
+p50/p90/p99 over frames captured after the first --skip-s seconds.
+
+Beside the table, for the window after the first third of each point (at most 3 s): how late a thread that
+sleeps 1 ms at a time wakes (p50/p99/max: the wait for the GIL, plus the OS's wake-up), and the cores each
+thread kept busy, by Python thread name ("native": ORT's, CUDA's, FFmpeg's and ZeroMQ's own threads).
 """
 
 from __future__ import annotations
