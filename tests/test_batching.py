@@ -344,4 +344,6 @@ def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Pat
         server.wait(10)
     st = result.stats
     assert all(st[f"f{i}"].frames > 30 for i in range(4)), {k: v.frames for k, v in st.items()}
-    assert st["live"].frames >= 60, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
+    # With the old order it published none. On 2 idle cores it runs 150-200 of its 240; 44 on 2 cores that
+    # two busy loops share (whatever waits over 100 ms is dropped as stale, as it should be).
+    assert st["live"].frames >= 20, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
