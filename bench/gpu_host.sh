@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|procs|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -141,6 +141,13 @@ stages() {
     --feeds 8 --seconds 9 --ort-threads 1 2>&1 | tee "$OUT/live-stages-nvdec-ort1.txt"
 }
 
+procs() {
+  # #4: 8 paced 1080p feeds in one daemon process against the same feeds over 4 worker processes on GPU 0
+  [ -f /tmp/models/r50_head_fp16.onnx ] || { echo "run stages first (it exports the head model)"; return 1; }
+  timeout 240 python3 bench/latency_procs.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 8 --workers 1 4 --seconds 10 --warmup 3 --json "$OUT/latency-procs-cuda.json" 2>&1 | tee "$OUT/latency-procs-cuda.txt"
+}
+
 verify() {
   # both, in one call: about 9 minutes on the H200
   verify1
@@ -161,5 +168,7 @@ case $what in
   verify1) verify1 ;;
   verify2) verify2 ;;
   stages) stages ;;
+  procs) procs ;;
+  live) check; stages; procs ;;
   all) check; export_models; run_tests; run_bench ;;
 esac
