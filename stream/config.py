@@ -45,6 +45,7 @@ class Config:
     buffers: int = 2
     queue_batches: int = 2
     conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
+    cpu_threads: int = 0  # ONNX Runtime intra-op threads of a CPU engine; 0: the cores, shared out among CPU workers
     publish_hwm: int = 100_000
     linger_s: float = 10.0
     progress: str = "auto"
@@ -87,6 +88,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "buffers": (int, None, (1, 8)),
     "queue_batches": (int, None, (1, 64)),
     "conv_algo_search": (str, CONV_ALGO_SEARCHES, None),
+    "cpu_threads": (int, None, (0, 1024)),
     "publish_hwm": (int, None, (0, 10_000_000)),
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),

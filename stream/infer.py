@@ -43,12 +43,14 @@ class CpuEngine:
 
         self.info = info
         self.buffers = 1
+        self.threads = threads or os.cpu_count() or 1
         try:
             self.session = ort.InferenceSession(
-                str(info.path), session_options(threads or os.cpu_count()), providers=["CPUExecutionProvider"]
+                str(info.path), session_options(self.threads), providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
             raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
+        log.info("cpu engine: %d intra-op thread(s), model %s", self.threads, info.path.name)
         self.post = None
         if info.head is not None:
             from .postprocess import Postprocessor

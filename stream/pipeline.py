@@ -123,7 +123,7 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
         return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id, conv_algo_search=cfg.conv_algo_search)
     from .infer import CpuEngine
 
-    return CpuEngine(info)
+    return CpuEngine(info, threads=cfg.cpu_threads or None)
 
 
 def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:

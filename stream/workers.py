@@ -6,6 +6,8 @@ Decision record:
   of the streams, and publishes on an internal endpoint of its own (ipc:// in a private temp folder; tcp on
   127.0.0.1 where there is no ipc). The supervisor (this process) runs pyzmq's proxy (XSUB in, XPUB out,
   stream/proxy.py) bound to the daemon's `publish` endpoint: subscribers see one daemon.
+- CPU workers share the cores out: each engine gets cores / (CPU workers) intra-op threads unless
+  `cpu_threads` says otherwise (ORT's default, every core per engine, has N workers' threads fight over them).
 - Assignment: least loaded. Each stream goes to the worker with the fewest streams still running (ties: the
   lowest worker number), in the order the sources are given; a stream moved after a death likewise.
 - The supervisor follows every message through the proxy's capture socket: per stream the last `frame`,
@@ -284,9 +286,18 @@ def _exit_reason(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+def cpu_threads_of(cfg: Config) -> int:
+    """A CPU worker's intra-op threads: `cpu_threads`, or the machine's cores shared out among the CPU workers
+    (ORT's default, every core for each engine, would have N workers' threads fight over the same cores)."""
+    if cfg.cpu_threads:
+        return cfg.cpu_threads
+    return max(1, (os.cpu_count() or 1) // max(1, sum(1 for d in cfg.devices if d == "cpu")))
+
+
 def _worker_config(cfg: Config, slot: int | str, endpoint: str) -> Config:
     return replace(
         cfg,
+        cpu_threads=cpu_threads_of(cfg) if slot == "cpu" else cfg.cpu_threads,
         devices=(),
         device="cpu" if slot == "cpu" else cfg.device,
         device_id=0 if slot == "cpu" else int(slot),

@@ -155,6 +155,19 @@ def test_two_workers_give_the_same_detections_as_one(videos: dict[str, Path], mo
         assert boxes_scores_labels(two[sid]) == boxes_scores_labels(one[sid]), sid
     assert gaps.total == 0 and not gaps.restarts
     assert "2 workers (0: cpu, 1: cpu)" in d.stderr and "completed" in d.stderr  # the summary table
+    # the cores shared out: each worker's engine has half of them, not all (threads fighting over cores)
+    half = max(1, (os.cpu_count() or 1) // 2)
+    for i in (0, 1):
+        assert f"worker {i} stream.infer: cpu engine: {half} intra-op thread(s)" in d.stderr, d.stderr[-3000:]
+
+
+def test_cpu_threads_of_a_cpu_worker() -> None:
+    from stream.workers import cpu_threads_of
+
+    cores = os.cpu_count() or 1
+    assert cpu_threads_of(config.load(None, {"devices": ["cpu", "cpu", "cpu"]})) == max(1, cores // 3)
+    assert cpu_threads_of(config.load(None, {"devices": ["cpu"] * (cores + 2)})) == 1
+    assert cpu_threads_of(config.load(None, {"devices": ["cpu", "cpu"], "cpu_threads": 3})) == 3
 
 
 def _cuda_reason() -> str | None:
