@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|procs|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -141,6 +141,20 @@ stages() {
     --feeds 8 --seconds 9 --ort-threads 1 2>&1 | tee "$OUT/live-stages-nvdec-ort1.txt"
 }
 
+buffers3() {
+  # #5: 8 file streams, device post-processing b8 fp16 (and b1), naive loop in the same run, with 3 buffers and
+  # then 2 (3 buffers measured 486.7 img/s inference only on 2026-12-02; 8x the naive loop needs ~470 fps)
+  f=/tmp/models/r50_b1_fp32.onnx
+  [ -f "$f" ] || timeout 90 python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random \
+    --input-size 800 800 --batch 1 --score-thresh "$THRESH" --postprocess graph --output "$f" 2>&1 | tail -1
+  mkdir -p /tmp/models3 && ln -sf /tmp/models/r50_head_fp16.onnx "$f" /tmp/models3/
+  for b in 3 2; do
+    timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models3 --video /tmp/hd.mp4 --streams 8 \
+      --buffers $b --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-buffers$b-cuda.json" 2>&1 \
+      | tee "$OUT/postprocess-buffers$b-cuda.txt" | tail -8
+  done
+}
+
 procs() {
   # #4: 8 paced 1080p feeds in one daemon process against the same feeds over 4 worker processes on GPU 0
   [ -f /tmp/models/r50_head_fp16.onnx ] || { echo "run stages first (it exports the head model)"; return 1; }
@@ -169,6 +183,7 @@ case $what in
   verify2) verify2 ;;
   stages) stages ;;
   procs) procs ;;
+  buffers3) buffers3 ;;
   live) check; stages; procs ;;
   all) check; export_models; run_tests; run_bench ;;
 esac
