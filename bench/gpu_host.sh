@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|stages|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|stages|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 set -uo pipefail
@@ -96,6 +96,31 @@ soak() {
     --daemon-log "$OUT/soak-daemon.log" --json "$OUT/soak-cuda.json" 2>&1 | tee "$OUT/soak-cuda.txt" | tail -45
 }
 
+soak_start() {
+  # #3's 10-minute GPU soak does not fit one 600-s device call: this starts it in a process session of its own
+  # (setsid: it outlives the call) from a copy of the tree in /tmp, and returns; `soak_wait` in the next call(s)
+  # waits for it and brings its files back. Keep calling: the machine goes back after 30 s without a call.
+  # (DEVICE=cpu SOAK_MODEL=stream/models/retinanet_tiny.onnx MINUTES=1 tries it on a CPU machine)
+  m=${SOAK_MODEL:-/tmp/models/r50_head_fp16.onnx}
+  [ -f "$m" ] || { echo "no $m: run stages first (it exports the head model)"; return 1; }
+  rm -rf /tmp/repo-soak /tmp/soak-out && mkdir -p /tmp/soak-out /tmp/repo-soak
+  tar --exclude=./.venv --exclude=./.gpu-wheels --exclude=./.git -cf - . | (cd /tmp/repo-soak && tar xf -)
+  ( cd /tmp/repo-soak && PYTHONPATH=/tmp/site:/tmp/repo-soak setsid nohup timeout $(( ${MINUTES:-10} * 60 + 150 )) \
+    python3 bench/soak.py --minutes "${MINUTES:-10}" --files 4 --live 1 --live-kind paced --device "${DEVICE:-cuda}" \
+    --model "$m" --size 1920 1080 --no-annotate --stacks 4 --log-level debug \
+    --daemon-log /tmp/soak-out/soak-daemon.log --json /tmp/soak-out/soak-cuda.json \
+    > /tmp/soak-out/soak-cuda.txt 2>&1 < /dev/null & )
+  sleep 2; pgrep -f "bench/soak.py" > /dev/null && echo "soak running (${MINUTES:-10} min)" || { cat /tmp/soak-out/soak-cuda.txt; return 1; }
+}
+
+soak_wait() {
+  # waits up to WAIT_S (default 570) for the soak started by soak_start, then copies its files to $OUT
+  end=$(( $(date +%s) + ${WAIT_S:-570} ))
+  while pgrep -f "bench/soak.py" > /dev/null && [ "$(date +%s)" -lt "$end" ]; do sleep 5; done
+  pgrep -f "bench/soak.py" > /dev/null && echo "soak still running" || echo "soak finished"
+  cp /tmp/soak-out/* "$OUT/" 2>/dev/null; tail -45 /tmp/soak-out/soak-cuda.txt
+}
+
 verify1() {
   # the GPU tests (with the warm-up, algorithm-search, SPS-scan and two-workers-on-one-GPU tests)
   check
@@ -177,6 +202,8 @@ case $what in
   gputest) gpu_tests ;;
   pp) postprocess_bench ;;
   soak) soak ;;
+  soak_start) soak_start ;;
+  soak_wait) soak_wait ;;
   loop) loop_passes ;;
   verify) verify ;;
   verify1) verify1 ;;
