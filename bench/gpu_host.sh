@@ -3,6 +3,10 @@
 #   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|stages|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
+# The open GPU questions as of 2026-12-03, one device call each, back to back after staging (about 20 minutes):
+#   live (#4: where live frames' engine time goes; feeds over worker processes; ~4-5 min),
+#   soak_start then soak_wait, twice if it says "still running" (#3: 10 minutes, GPU memory flat; ~11 min),
+#   buffers3 (#5: 3 buffers against 2 beside the naive loop; ~5 min).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models
