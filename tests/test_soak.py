@@ -1,6 +1,8 @@
 """Memory that stays flat: 20,000 frames through the shipped model on the CPU path, resident memory sampled.
 
-Resident memory after warm-up (2,000 frames) must grow by less than 5% up to the 20,000th frame.
+Resident memory after warm-up (4,000 frames) must grow by less than 5% up to the 20,000th frame. At 2,000
+frames it can still be ramping up (CI, 2026-12-03: 226 MB at 2,000 frames, 246.6 MB at 2,208, then flat to
+249.2 MB at 18,684; a warm-up point inside that ramp read as +10%).
 Takes about 6 minutes on 2 cores.
 """
 
@@ -17,7 +19,7 @@ import pytest
 
 from .conftest import ROOT, free_port
 
-WARM, TOTAL = 2_000, 20_000
+WARM, TOTAL = 4_000, 20_000
 
 
 def rss_kb(pid: int) -> int:
