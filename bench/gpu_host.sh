@@ -32,16 +32,22 @@ export_models() {
   # graph post-processing at batch 1 and 8, fp32 and fp16 (batch 1 fp32 is also the naive loop's model), and
   # device post-processing (`--postprocess device`, dynamic batch) in fp32 and fp16.
   for spec in "graph 1 fp32" "graph 8 fp32" "graph 1 fp16" "graph 8 fp16" "device 8 fp32" "device 8 fp16"; do
-    set -- $spec
-    if [ "$1" = graph ]; then f=/tmp/models/r50_b$2_$3.onnx; else f=/tmp/models/r50_head_$3.onnx; fi
-    [ -f "$f" ] && continue
-    extra=""; [ "$3" = fp16 ] && extra="--fp16"
-    ( /usr/bin/time -f "export $1 b$2 $3: %e s" python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
-      --weights random --input-size 800 800 --batch "$2" $extra --score-thresh "$THRESH" --postprocess "$1" \
-      --output "$f" > "$f.log" 2>&1; tail -2 "$f.log" ) &
+    export_one $spec &
   done
   wait
   ls -la /tmp/models
+}
+
+export_one() {
+  # one model, unless it is there: $1 graph|device (post-processing), $2 batch, $3 fp32|fp16;
+  # graph -> /tmp/models/r50_b<batch>_<prec>.onnx, device -> /tmp/models/r50_head_<prec>.onnx (dynamic batch)
+  local f extra
+  if [ "$1" = graph ]; then f=/tmp/models/r50_b$2_$3.onnx; else f=/tmp/models/r50_head_$3.onnx; fi
+  [ -f "$f" ] && return 0
+  extra=""; [ "$3" = fp16 ] && extra="--fp16"
+  /usr/bin/time -f "export $1 b$2 $3: %e s" python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
+    --weights random --input-size 800 800 --batch "$2" $extra --score-thresh "$THRESH" --postprocess "$1" \
+    --output "$f" > "$f.log" 2>&1; tail -2 "$f.log"
 }
 
 run_tests() {
@@ -79,8 +85,7 @@ sweep() {
   # no GStreamer RTSP server), about 4 minutes each. The PNGs need matplotlib (GPU_EXTRA in wheelhouse.sh);
   # without it the tables and JSON are still written.
   f=${MODEL:-/tmp/models/r50_b8_fp16.onnx}
-  [ -f "$f" ] || python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random --input-size 800 800 \
-    --batch 8 --fp16 --postprocess graph --score-thresh "$THRESH" --output "$f" 2>&1 | tail -3
+  [ -f "$f" ] || export_one graph 8 fp16
   [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16
   timeout 300 python3 bench/streams.py --device cuda --model "$f" --video /tmp/hd.mp4 --streams 1 4 16 32 \
     --buffers 1 2 3 --buffers-streams 4 --sweep-buffers 2 --seconds 6 --infer-seconds 3 \
@@ -157,9 +162,7 @@ stages() {
   # #4: where a live frame's latency goes inside the engine call (model run, post-processing, download), how
   # late a 1 ms sleeper thread wakes (the GIL), and which threads burn CPU; NVDEC feeds 1 and 8, a CPU-decoded 1
   mkdir -p /tmp/models
-  [ -f /tmp/models/r50_head_fp16.onnx ] || timeout 90 python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 \
-    --weights random --input-size 800 800 --batch 8 --fp16 --score-thresh "$THRESH" --postprocess device \
-    --output /tmp/models/r50_head_fp16.onnx 2>&1 | tail -2 &
+  export_one device 8 fp16 &
   [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
   wait
   timeout 75 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
@@ -174,8 +177,7 @@ buffers3() {
   # #5: 8 file streams, device post-processing b8 fp16 (and b1), naive loop in the same run, with 3 buffers and
   # then 2 (3 buffers measured 486.7 img/s inference only on 2026-12-02; 8x the naive loop needs ~470 fps)
   f=/tmp/models/r50_b1_fp32.onnx
-  [ -f "$f" ] || timeout 90 python3 -m stream export-model --arch retinanet_resnet50_fpn_v2 --weights random \
-    --input-size 800 800 --batch 1 --score-thresh "$THRESH" --postprocess graph --output "$f" 2>&1 | tail -1
+  export_one graph 1 fp32
   mkdir -p /tmp/models3 && ln -sf /tmp/models/r50_head_fp16.onnx "$f" /tmp/models3/
   for b in 3 2; do
     timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models3 --video /tmp/hd.mp4 --streams 8 \

@@ -79,7 +79,6 @@ def instrument(device: str) -> None:
         from stream import infer_cuda as ic
 
         o_infer, o_run, o_dl = ic.CudaEngine.infer, ic.CudaEngine._run, ic.download
-        current: dict[int, Any] = {}
 
         def infer(self: Any, batch: Any) -> Any:
             for m in batch.frames:
@@ -89,7 +88,6 @@ def instrument(device: str) -> None:
         def run(self: Any, slot: Any, batch: Any) -> Any:
             for m in batch.frames:
                 rec("slot", [m], _owner(m))
-            current[id(slot.stream)] = batch
             TL.batch = batch
             if not getattr(slot, "_timed", False):  # once per slot: time the model run and the post-processing
                 slot._timed = True
@@ -127,7 +125,7 @@ def instrument(device: str) -> None:
         ic.CudaEngine.__init__ = init
 
         def dl(arr: Any, stream: Any) -> Any:
-            b = current.get(id(stream))
+            b = getattr(TL, "batch", None)  # download runs on the slot's worker thread
             if b is not None:
                 for m in b.frames:
                     rec("post", [m], _owner(m))

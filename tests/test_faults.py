@@ -52,7 +52,7 @@ def wait_for_messages(col: Collector, n: int, proc: subprocess.Popen[str], timeo
 
 def latest_frames(msgs: list[dict[str, Any]]) -> dict[str, int]:
     out: dict[str, int] = {}
-    for m in list(msgs[-50:]):
+    for m in msgs[-50:]:
         if m["type"] == "detections":
             out[m["stream"]] = max(out.get(m["stream"], -1), m["frame"])
     return out
@@ -60,7 +60,7 @@ def latest_frames(msgs: list[dict[str, Any]]) -> dict[str, int]:
 
 def wait_caught_up(slow_msgs: list[dict[str, Any]], col: Collector, proc: subprocess.Popen[str],
                    timeout_s: float = 120) -> None:
-    """Until the subscriber that reads late is within a few messages of the one that read all along, per stream.
+    """Until the subscriber that reads late is within 3 frames of the one that read all along, per stream.
 
     Reading late, it first drains what its queues held and only then gets the newest messages: on a loaded
     2-core machine that takes longer than a fixed sleep can promise.
@@ -69,7 +69,7 @@ def wait_caught_up(slow_msgs: list[dict[str, Any]], col: Collector, proc: subpro
     while True:
         assert proc.poll() is None, f"the run ended early: {proc.communicate()[1][-3000:]}"
         ahead, late = latest_frames(col.messages), latest_frames(slow_msgs)
-        if len(ahead) == 2 and all(late.get(sid, -10) >= seq - 3 for sid, seq in ahead.items()):
+        if len(ahead) == 2 and all(late.get(sid, -10) >= frame - 3 for sid, frame in ahead.items()):
             return
         assert time.time() < deadline, f"the late reader did not catch up in {timeout_s} s: {late} against {ahead}"
         time.sleep(0.05)
