@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|stages|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|stages|gil|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # The open GPU questions as of 2026-12-03, one device call each, back to back after staging (about 20 minutes):
-#   live (#4: where live frames' engine time goes; feeds over worker processes; ~4-5 min),
+#   live (#4: where live frames' engine time goes; a 0.5 ms GIL switch interval; ~6 min), procs (#4: feeds over
+#   worker processes; ~4 min),
 #   soak_start then soak_wait, twice if it says "still running" (#3: 10 minutes, GPU memory flat; ~11 min),
 #   buffers3 (#5: 3 buffers against 2 beside the naive loop; ~5 min).
 set -uo pipefail
@@ -173,11 +174,24 @@ stages() {
     --feeds 8 --seconds 9 --ort-threads 1 2>&1 | tee "$OUT/live-stages-nvdec-ort1.txt"
 }
 
+gil() {
+  # #4: the same 8 NVDEC feeds with a GIL switch interval of 0.5 ms (Python's: 5), then bench/latency.py's
+  # 8 and 16 paced feeds with the daemon's `gil_switch_ms = 0.5`
+  timeout 60 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 8 --seconds 9 --switch-interval 0.0005 2>&1 | tee "$OUT/live-stages-nvdec-gil05.txt"
+  timeout 150 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 8 16 --seconds 10 --warmup 3 --set gil_switch_ms=${GIL_MS:-0.5} \
+    --json "$OUT/latency-cuda-gil.json" 2>&1 | tee "$OUT/latency-cuda-gil.txt" | grep -v "^- " | tail -25
+}
+
 buffers3() {
   # #5: 8 file streams, device post-processing b8 fp16 (and b1), naive loop in the same run, with 3 buffers and
   # then 2 (3 buffers measured 486.7 img/s inference only on 2026-12-02; 8x the naive loop needs ~470 fps)
   f=/tmp/models/r50_b1_fp32.onnx
-  export_one graph 1 fp32
+  export_one graph 1 fp32 &
+  export_one device 8 fp16 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
   mkdir -p /tmp/models3 && ln -sf /tmp/models/r50_head_fp16.onnx "$f" /tmp/models3/
   for b in 3 2; do
     timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models3 --video /tmp/hd.mp4 --streams 8 \
@@ -217,6 +231,7 @@ case $what in
   stages) stages ;;
   procs) procs ;;
   buffers3) buffers3 ;;
-  live) check; stages; procs ;;
+  gil) gil ;;
+  live) check; stages; gil ;;
   all) check; export_models; run_tests; run_bench ;;
 esac
