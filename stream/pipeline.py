@@ -121,7 +121,8 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
     if device == "cuda":
         from .infer_cuda import CudaEngine
 
-        return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id, conv_algo_search=cfg.conv_algo_search)
+        return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id, conv_algo_search=cfg.conv_algo_search,
+                          pad_partial=cfg.pad_partial)
     from .infer import CpuEngine
 
     return CpuEngine(info, threads=cfg.cpu_threads or None)

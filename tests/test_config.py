@@ -156,3 +156,21 @@ def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> Non
     assert config.load(None, {"conv_algo_search": "heuristic"}).conv_algo_search == "heuristic"
     with pytest.raises(ValueError, match="conv_algo_search"):
         conv_algo_choice("fast", fixed)
+
+
+def test_gil_switch_ms_sets_the_interval_and_zero_leaves_it() -> None:
+    import sys
+
+    from stream.pipeline import apply_gil_switch
+
+    before = sys.getswitchinterval()
+    try:
+        apply_gil_switch(config.load(None, {}))
+        assert sys.getswitchinterval() == before
+        apply_gil_switch(config.load(None, {"gil_switch_ms": 0.5}))
+        assert sys.getswitchinterval() == pytest.approx(0.0005)
+    finally:
+        sys.setswitchinterval(before)
+    assert config.load(None, {}).pad_partial is True
+    with pytest.raises(ConfigError, match="gil_switch_ms"):
+        config.load(None, {"gil_switch_ms": 500})

@@ -161,7 +161,7 @@ def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: 
 
     info = load_info(r50["fp16"])
     assert info.dynamic_batch
-    fast = CudaEngine(info, buffers=2)
+    fast = CudaEngine(info, buffers=2, pad_partial=False)
     assert fast.conv_algo_search == "HEURISTIC" and fast.warmed_sizes == tuple(range(1, 9))
     slow = CudaEngine(info, buffers=1, conv_algo_search="exhaustive", warm_up=False)
     assert slow.conv_algo_search == "EXHAUSTIVE" and slow.warmed_sizes == ()
@@ -181,3 +181,33 @@ def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: 
     slow.close()
     print(f"heuristic vs exhaustive cuDNN search, head fp16: {total} detections, {missing} unmatched")
     assert total > 0 and missing <= max(2, total // 50)
+
+
+def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], real_frames: np.ndarray) -> None:
+    """`pad_partial` (the default): a partial batch of a dynamic-batch model runs padded to the full batch, in
+    the slot's own buffer, so the session's input shape never changes; its n frames' detections are those of the
+    batch run at its own size, and the padding rows (left from an earlier, fuller batch) are ignored."""
+    from stream.frames import Batch, FrameMeta
+    from stream.infer_cuda import CudaEngine
+    from stream.model import load_info
+
+    info = load_info(r50["fp16"])
+    padded = CudaEngine(info, buffers=1)
+    own = CudaEngine(info, buffers=1, pad_partial=False, warm_up=False)
+    assert padded.pad_partial and padded.warmed_sizes == (8,)
+    total = 0
+    for n in (8, 1, 5, 3):  # 8 first: the padding rows then hold other frames, which must not leak in
+        x = np.ascontiguousarray(real_frames[:n], dtype=np.float16)
+        frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+        a = padded.infer(Batch("p", frames, x.copy()))
+        b = own.infer(Batch("o", frames, x.copy()))
+        assert len(a) == len(b) == n
+        for ra, rb in zip(a, b):
+            da = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(ra.boxes, ra.scores, ra.labels)]
+            db = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(rb.boxes, rb.scores, rb.labels)]
+            total += len(db)
+            assert not unmatched(db, da, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
+            assert not unmatched(da, db, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
+    padded.close()
+    own.close()
+    assert total > 0
