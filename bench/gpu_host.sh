@@ -8,6 +8,11 @@
 #   worker processes; ~4 min),
 #   soak_start then soak_wait, twice if it says "still running" (#3: 10 minutes, GPU memory flat; ~11 min),
 #   buffers3 (#5: 3 buffers against 2 beside the naive loop; ~5 min).
+# Left after 2026-12-03 16:42 UTC (#4, after the pad_partial fix): `verify2`'s bench/latency.py lines (the
+# subscriber-side p99 of 1/8/16 feeds), `procs` (16 feeds over worker processes), the 10-minute soak.
+# Live-only runs need no DALI (files then decode with PyAV, with a warning): a slim wheel set of onnxruntime-gpu,
+# av, pynvvideocodec, pyzmq and msgpack is 6 parts instead of 10 (tar the wheels out of .gpu-wheels' tar,
+# `split -b 62000000 -d -a 2`, install with pip --no-index --no-deps --target /tmp/site).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT" /tmp/models
