@@ -151,6 +151,11 @@ def test_head_model_keeps_the_outputs_on_the_device(r50: dict[str, Path], monkey
     assert guard.copies and guard.largest < 1280 * 720 * 3 // 100, sorted(guard.copies, key=lambda c: -c[1])[:3]
 
 
+def dets(r: Any) -> list[dict[str, Any]]:
+    """A FrameResult's detections as the dicts `unmatched` compares."""
+    return [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(r.boxes, r.scores, r.labels)]
+
+
 def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: dict[str, Path],
                                                                          real_frames: np.ndarray) -> None:  # fmt: skip
     """A dynamic-batch model meets batch sizes 1..8 (live feeds, file tails): the engine runs each once per slot
@@ -173,8 +178,7 @@ def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: 
         b = slow.infer(Batch("e", frames, x.copy()))
         assert len(a) == len(b) == n
         for ra, rb in zip(a, b):
-            da = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(ra.boxes, ra.scores, ra.labels)]
-            db = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(rb.boxes, rb.scores, rb.labels)]
+            da, db = dets(ra), dets(rb)
             total += len(db)
             missing += len(unmatched(db, da, min_iou=0.95, score_tol=0.01, floor=THRESH + 0.02))
     fast.close()
@@ -203,8 +207,7 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
         b = own.infer(Batch("o", frames, x.copy()))
         assert len(a) == len(b) == n
         for ra, rb in zip(a, b):
-            da = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(ra.boxes, ra.scores, ra.labels)]
-            db = [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(rb.boxes, rb.scores, rb.labels)]
+            da, db = dets(ra), dets(rb)
             total += len(db)
             assert not unmatched(db, da, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
             assert not unmatched(da, db, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
