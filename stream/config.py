@@ -47,7 +47,6 @@ class Config:
     conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
     cpu_threads: int = 0  # ONNX Runtime intra-op threads of a CPU engine; 0: the cores, shared out among CPU workers
     pad_partial: bool = True  # CUDA, dynamic-batch model: run partial batches padded to the full batch (fixed shape)
-    gil_switch_ms: float = 0.0  # sys.setswitchinterval of the daemon's process(es), in ms; 0: Python's own (5 ms)
     publish_hwm: int = 100_000
     linger_s: float = 10.0
     progress: str = "auto"
@@ -92,7 +91,6 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "conv_algo_search": (str, CONV_ALGO_SEARCHES, None),
     "cpu_threads": (int, None, (0, 1024)),
     "pad_partial": (bool, None, None),
-    "gil_switch_ms": ((int, float), None, (0, 100)),
     "publish_hwm": (int, None, (0, 10_000_000)),
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),

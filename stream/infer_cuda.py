@@ -182,7 +182,7 @@ class CudaEngine:
                  f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else sizes[0], len(self._all), time.perf_counter() - t0)
 
     def _padded(self, slot: _Slot, x: Any, n: int) -> Any:
-        """`n` rows of `x` in the slot's own full-batch buffer (rows past `n` are left as they are and ignored):
+        """The `n` rows of `x` in the slot's own full-batch buffer (rows past `n` are left as they are and ignored):
         on the H200, a session whose input shape changes from one run to the next took 330-450 ms per run
         (inside run_with_iobinding, CPU-bound), against 5-17 ms at a fixed shape, however many sizes were warmed."""
         cp, info = self._cp, self.info
@@ -190,7 +190,7 @@ class CudaEngine:
         if buf is None:
             buf = cp.zeros((info.batch, *x.shape[1:]), dtype=self._dtype)
             slot.pad_buf = buf
-        buf[:n] = x[:n]
+        buf[:n] = x
         return buf
 
     def infer(self, batch: Batch) -> list[FrameResult]:
@@ -206,14 +206,14 @@ class CudaEngine:
         info = self.info
         with cp.cuda.Device(self.device_id), slot.stream:
             n = len(batch.frames)
-            x = batch.data[:n] if info.dynamic_batch and not self.pad_partial else batch.data
+            x = batch.data[:n] if info.dynamic_batch else batch.data  # host rows: only the frames go up
             if isinstance(x, np.ndarray):  # decoded on the CPU (a live feed, a codec NVDEC does not take)
                 x = cp.asarray(x)
             elif batch.ready is not None:
                 slot.stream.wait_event(batch.ready)
             if x.dtype != self._dtype or not x.flags.c_contiguous:
                 x = cp.ascontiguousarray(x, dtype=self._dtype)
-            if info.dynamic_batch and self.pad_partial and x.shape[0] != info.batch:
+            if info.dynamic_batch and self.pad_partial and n != info.batch:
                 x = self._padded(slot, x, n)
             slot.binding.bind_input(
                 info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import sys
 import time
 from collections import deque
 from collections.abc import Callable
@@ -172,15 +171,6 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
     from .preprocess import HostBatchSource
 
     return HostBatchSource(src, info, pool=pool)
-
-
-def apply_gil_switch(cfg: Config) -> None:
-    """`gil_switch_ms`: how long one thread may hold the GIL while another waits for it (process-wide). A thread
-    coming back from a call that released the GIL (an ONNX Runtime run, a CUDA sync) waits up to this long for it
-    while decode threads run Python; the engine thread does that many times per batch."""
-    if cfg.gil_switch_ms > 0:
-        sys.setswitchinterval(cfg.gil_switch_ms / 1000.0)
-        log.info("GIL switch interval %.2f ms", cfg.gil_switch_ms)
 
 
 class Runner:
@@ -535,7 +525,6 @@ class Runner:
     # -- the run -------------------------------------------------------------------------------------------
     async def run(self) -> dict[str, StreamStats]:
         loop = asyncio.get_running_loop()
-        apply_gil_switch(self.cfg)
         main = asyncio.current_task()
         installed = []
         handlers: list[tuple[int, Callable[..., None], tuple[Any, ...]]] = [

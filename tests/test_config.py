@@ -158,19 +158,9 @@ def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> Non
         conv_algo_choice("fast", fixed)
 
 
-def test_gil_switch_ms_sets_the_interval_and_zero_leaves_it() -> None:
-    import sys
 
-    from stream.pipeline import apply_gil_switch
-
-    before = sys.getswitchinterval()
-    try:
-        apply_gil_switch(config.load(None, {}))
-        assert sys.getswitchinterval() == before
-        apply_gil_switch(config.load(None, {"gil_switch_ms": 0.5}))
-        assert sys.getswitchinterval() == pytest.approx(0.0005)
-    finally:
-        sys.setswitchinterval(before)
+def test_pad_partial_is_on_by_default_and_takes_booleans_only() -> None:
     assert config.load(None, {}).pad_partial is True
-    with pytest.raises(ConfigError, match="gil_switch_ms"):
-        config.load(None, {"gil_switch_ms": 500})
+    assert config.load(None, {"pad_partial": False}).pad_partial is False
+    with pytest.raises(ConfigError, match="pad_partial"):
+        config.load(None, {"pad_partial": "yes"})

@@ -156,11 +156,21 @@ def dets(r: Any) -> list[dict[str, Any]]:
     return [{"box": bx.tolist(), "score": float(s), "label": int(lb)} for bx, s, lb in zip(r.boxes, r.scores, r.labels)]
 
 
+def both(a: Any, b: Any, frames: np.ndarray, n: int) -> list[tuple[list[dict[str, Any]], list[dict[str, Any]]]]:
+    """The first `n` frames through engines `a` and `b` (fp16, 1080p sizes): per frame, (a's, b's) detections."""
+    from stream.frames import Batch, FrameMeta
+
+    x = np.ascontiguousarray(frames[:n], dtype=np.float16)
+    meta = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+    ra, rb = a.infer(Batch("a", meta, x.copy())), b.infer(Batch("b", meta, x.copy()))
+    assert len(ra) == len(rb) == n
+    return [(dets(fa), dets(fb)) for fa, fb in zip(ra, rb)]
+
+
 def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: dict[str, Path],
                                                                          real_frames: np.ndarray) -> None:  # fmt: skip
     """A dynamic-batch model meets batch sizes 1..8 (live feeds, file tails): the engine runs each once per slot
     at start, with cuDNN's heuristic algorithm choice ("auto"); its detections match an EXHAUSTIVE engine's."""
-    from stream.frames import Batch, FrameMeta
     from stream.infer_cuda import CudaEngine
     from stream.model import load_info
 
@@ -172,13 +182,7 @@ def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: 
     assert slow.conv_algo_search == "EXHAUSTIVE" and slow.warmed_sizes == ()
     total = missing = 0
     for n in (1, 5, 8):
-        x = np.ascontiguousarray(real_frames[:n], dtype=np.float16)
-        frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
-        a = fast.infer(Batch("h", frames, x.copy()))
-        b = slow.infer(Batch("e", frames, x.copy()))
-        assert len(a) == len(b) == n
-        for ra, rb in zip(a, b):
-            da, db = dets(ra), dets(rb)
+        for da, db in both(fast, slow, real_frames, n):
             total += len(db)
             missing += len(unmatched(db, da, min_iou=0.95, score_tol=0.01, floor=THRESH + 0.02))
     fast.close()
@@ -191,7 +195,6 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
     """`pad_partial` (the default): a partial batch of a dynamic-batch model runs padded to the full batch, in
     the slot's own buffer, so the session's input shape never changes; its n frames' detections are those of the
     batch run at its own size, and the padding rows (left from an earlier, fuller batch) are ignored."""
-    from stream.frames import Batch, FrameMeta
     from stream.infer_cuda import CudaEngine
     from stream.model import load_info
 
@@ -200,14 +203,8 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
     own = CudaEngine(info, buffers=1, pad_partial=False, warm_up=False)
     assert padded.pad_partial and padded.warmed_sizes == (8,)
     total = 0
-    for n in (8, 1, 5, 3):  # 8 first: the padding rows then hold other frames, which must not leak in
-        x = np.ascontiguousarray(real_frames[:n], dtype=np.float16)
-        frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
-        a = padded.infer(Batch("p", frames, x.copy()))
-        b = own.infer(Batch("o", frames, x.copy()))
-        assert len(a) == len(b) == n
-        for ra, rb in zip(a, b):
-            da, db = dets(ra), dets(rb)
+    for n in (8, 1, 5, 3):  # 3 after 5: its padding rows hold two frames of the 5, which must not leak in
+        for da, db in both(padded, own, real_frames, n):
             total += len(db)
             assert not unmatched(db, da, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
             assert not unmatched(da, db, min_iou=0.99, score_tol=0.01, floor=THRESH + 0.02)
