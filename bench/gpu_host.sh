@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|stages|gil|procs|buffers3|live|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # The open GPU questions as of 2026-12-03, one device call each, back to back after staging (about 20 minutes):
@@ -208,6 +208,33 @@ procs() {
     --feeds 8 --workers 1 4 --seconds 10 --warmup 3 --json "$OUT/latency-procs-cuda.json" 2>&1 | tee "$OUT/latency-procs-cuda.txt"
 }
 
+live2() {
+  # #4 after work-conserving batching and the every-size warm-up (2026-12-03, evening): the first feed of a fresh
+  # process with an empty CuPy kernel cache, then 16 feeds (live_stages: where the time goes); the subscriber-side
+  # latency of 1/8/16 paced feeds (bench/latency.py), and 16 feeds at max_staleness_ms 60
+  mkdir -p /tmp/models
+  export_one device 8 fp16 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  CUPY_CACHE_DIR=/tmp/cupy-empty-$$ timeout 90 python3 bench/live_stages.py --device cuda \
+    --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 --feeds 1 16 --seconds 9 2>&1 \
+    | tee "$OUT/live-stages-fresh.txt" | grep -v "W:onnxruntime"
+  timeout 200 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 1 8 16 --seconds 10 --warmup 3 --json "$OUT/latency-cuda.json" --plot "$OUT/latency-cuda.png" \
+    2>&1 | tee "$OUT/latency-cuda.txt" | grep -v "^- " | tail -14
+  timeout 90 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 16 --seconds 10 --warmup 3 --set max_staleness_ms=60 --json "$OUT/latency-cuda-60.json" \
+    2>&1 | tee "$OUT/latency-cuda-60.txt" | grep -v "^- " | tail -8
+}
+
+soaktest() {
+  # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
+  # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
+  export_models > "$OUT/export.txt" 2>&1
+  soak_start
+  gpu_tests
+}
+
 verify() {
   # both, in one call: about 9 minutes on the H200
   verify1
@@ -234,5 +261,7 @@ case $what in
   buffers3) buffers3 ;;
   gil) gil ;;
   live) check; stages; gil ;;
+  live2) live2 ;;
+  soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

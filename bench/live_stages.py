@@ -161,8 +161,13 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
 
     srcs = [Source(f"f{i:02d}", f"{latency.PACED}{i / feeds / 30:.4f}:{video}", live=True) for i in range(feeds)]
     runner = pipeline.Runner(cfg, srcs, info, engine, _Null(), handle_signals=False, source_factory=factory)
+    sizes: list[int] = []
+    runner.batcher.on_batch = sizes.append  # frames per inference run
     task = asyncio.create_task(runner.run())
-    await asyncio.sleep(min(3.0, seconds / 3))
+    early = []  # frames published by the end of each of the first seconds (the start-up)
+    for _ in range(int(min(3.0, seconds / 3))):
+        await asyncio.sleep(1.0)
+        early.append(sum(st.frames for st in runner.stats.values()))
     ticker, cpu0, c0 = Ticker(), thread_cpu(), time.time()
     await asyncio.sleep(seconds - min(3.0, seconds / 3))
     cpu_table(cpu0, thread_cpu(), time.time() - c0)
@@ -175,6 +180,9 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
             dropped[k] = dropped.get(k, 0) + v
     print(f"\n{feeds} feed(s), {seconds:.0f} s: published {sum(st.frames for st in runner.stats.values())}, "
           f"dropped {dropped}")  # fmt: skip
+    fill = f"{np.mean(sizes):.2f}" if sizes else "-"
+    print(f"published after 1, 2, 3 s: {early}; inference runs {len(sizes)}, frames per run {fill}, "
+          f"runs taken together from the queue {runner.batcher.coalesced}")  # fmt: skip
 
 
 class Ticker:
@@ -245,7 +253,10 @@ async def main_async(args: argparse.Namespace) -> None:
     overrides = dict(kv.split("=", 1) for kv in args.set)
     cfg = config.load(None, {"device": args.device, "progress": "off", **{k: _num(v) for k, v in overrides.items()}})
     info = load_info(args.model or default_model_path())
+    t = time.perf_counter()
     engine = await asyncio.to_thread(pipeline.make_engine, args.device, info, cfg)
+    print(f"engine made and warmed up in {time.perf_counter() - t:.1f} s "
+          f"(batch sizes {getattr(engine, 'warmed_sizes', None) or 'n/a'})")  # fmt: skip
     print(f"{args.device}: {info.path.name} batch {info.batch} {info.dtype}; buffers {cfg.buffers}, batch_timeout_ms "
           f"{cfg.batch_timeout_ms}, max_staleness_ms {cfg.max_staleness_ms}, live_decode {cfg.live_decode}")  # fmt: skip
     for n in args.feeds:

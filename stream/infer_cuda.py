@@ -167,9 +167,14 @@ class CudaEngine:
 
     def warm_up(self) -> None:
         """Run every batch size the run can meet (1..batch for a dynamic-batch model, else batch) once on every
-        slot, so that cuDNN's per-shape algorithm choice and CuPy's kernel compiles happen now, not on a frame."""
+        slot, so that cuDNN's per-shape algorithm choice and CuPy's kernel compiles happen now, not on a frame.
+        With `pad_partial` ORT sees the full batch only, but post-processing and packing still run at each
+        size (n valid rows), and CuPy may compile kernels per size. (On the H200, 2026-12-03, with batch 8
+        alone warmed, the first live feed of a fresh process found the engine busy for seconds: 4 frames
+        published in 9 s; a second process on that machine did not. Kernel compiles on the first partial
+        sizes are the suspect that warming every size removes; see bench/RESULTS.md for whether it did.)"""
         cp, info = self._cp, self.info
-        sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch and not self.pad_partial else (info.batch,)
+        sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch else (info.batch,)
         t0 = time.perf_counter()
         with cp.cuda.Device(self.device_id):
             data = cp.zeros((info.batch, 3, info.height, info.width), dtype=self._dtype)

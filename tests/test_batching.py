@@ -347,3 +347,43 @@ def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Pat
     # With the old order it published none. On 2 idle cores it runs 150-200 of its 240; 44 on 2 cores that
     # two busy loops share (whatever waits over 100 ms is dropped as stale, as it should be).
     assert st["live"].frames >= 20, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
+
+
+def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
+    """Work-conserving batching: live parts that queued one by one (each flushed alone) while the one slot was busy run as one batch, up to
+    the model's batch; each part still gets its own frames' results, a part that does not fit runs next, and a
+    part that went stale in the queue is dropped and counted, not run."""
+    gate = threading.Event()
+    drops: list[int] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    def live(stream: str, n: int, start: int, age_s: float = 0.0) -> Batch:
+        b = _make_part(stream, n, start, age_s, None)
+        b.max_age_s, b.on_stale = 0.5, drops.append
+        return b
+
+    async def case() -> tuple[list[Any], Batcher, Slow]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.1)
+        for part in (live("a", 1, 10), live("old", 2, 0, age_s=5.0), live("b", 2, 20), live("c", 1, 30), live("d", 2, 40)):
+            futs.append(b.submit(part))
+            b.flush()  # each queued alone, as a part that reached the batcher past its batch timeout is
+        await asyncio.sleep(0.1)
+        gate.set()
+        res = await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return res, b, eng
+
+    res, b, eng = asyncio.run(case())
+    # a (1) + old (stale: 0 rows) + b (2) + c (1) fill the batch of 4; d (2) does not fit: it runs next
+    assert [x[0] for x in eng.batches] == ["busy", "a+b+c", "d"]
+    assert eng.batches[1][1] == [10, 20, 21, 30]
+    assert [[r.meta.index for r in rs] for rs in res[1:]] == [[10], [], [20, 21], [30], [40, 41]]
+    assert drops == [2] and b.coalesced == 3

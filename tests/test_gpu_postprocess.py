@@ -201,7 +201,7 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
     info = load_info(r50["fp16"])
     padded = CudaEngine(info, buffers=1)
     own = CudaEngine(info, buffers=1, pad_partial=False, warm_up=False)
-    assert padded.pad_partial and padded.warmed_sizes == (8,)
+    assert padded.pad_partial and padded.warmed_sizes == tuple(range(1, 9))  # ORT itself ran batch 8 only
     total = 0
     for n in (8, 1, 5, 3):  # 3 after 5: its padding rows hold two frames of the 5, which must not leak in
         for da, db in both(padded, own, real_frames, n):
