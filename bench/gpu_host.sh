@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # The open GPU questions as of 2026-12-03, one device call each, back to back after staging (about 20 minutes):
@@ -227,6 +227,24 @@ live2() {
     2>&1 | tee "$OUT/latency-cuda-60.txt" | grep -v "^- " | tail -8
 }
 
+live3() {
+  # #4, second round: what the engine's and readers' threads do in the first seconds of a fresh process with an
+  # empty CuPy kernel cache (the first feed's stall); 8 and 16 feeds in process at the default and a 0.5 ms GIL
+  # switch interval; bench/latency.py's 8 feeds alone in a fresh process (its p99 was 211 ms after a 1-feed point)
+  export_one device 8 fp16 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  ls=(python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4)
+  CUPY_CACHE_DIR=/tmp/cupy-empty-$$ timeout 60 "${ls[@]}" --feeds 1 --seconds 9 --stacks 2>&1 | grep -v "W:onnx" \
+    > "$OUT/live-stages-fresh-stacks.txt"; grep -A2 "^stacks at\|^1 feed\|^published after" "$OUT/live-stages-fresh-stacks.txt" | cut -c1-330 | head -40
+  timeout 70 "${ls[@]}" --feeds 8 16 --seconds 9 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-8-16.txt"
+  timeout 70 "${ls[@]}" --feeds 8 16 --seconds 9 --switch-interval 0.0005 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-8-16-gil05.txt"
+  for f in live-stages-8-16 live-stages-8-16-gil05; do echo "== $f"; grep -E "^(threads|gil|[0-9]+ feed|published after)|^\| (work|run0|ran|published) " "$OUT/$f.txt"; done
+  timeout 80 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 8 --seconds 10 --warmup 3 --json "$OUT/latency-cuda-8.json" 2>&1 | tee "$OUT/latency-cuda-8.txt" \
+    | grep "^paced"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -262,6 +280,7 @@ case $what in
   gil) gil ;;
   live) check; stages; gil ;;
   live2) live2 ;;
+  live3) live3 ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

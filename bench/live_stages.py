@@ -141,6 +141,24 @@ def _owner(m: Any) -> str:
     return OWNER.get(id(m), "")
 
 
+def dump_stacks(prefixes: tuple[str, ...] = ("infer-", "live-")) -> None:
+    """The innermost frames of the engine's and the live readers' threads now (what they are busy with)."""
+    names = {t.ident: t.name for t in threading.enumerate()}
+    for ident, frame in sys._current_frames().items():
+        name = names.get(ident, "?")
+        if not name.startswith(prefixes):
+            continue
+        where = []
+        f = frame
+        while f is not None and len(where) < 6:
+            where.append(f"{Path(f.f_code.co_filename).name}:{f.f_lineno} {f.f_code.co_name}")
+            f = f.f_back
+        print(f"  [{name}] " + " < ".join(where))
+
+
+STACKS = {"on": False}  # --stacks: dump the threads' stacks every 0.5 s in each point's first 3 s
+
+
 async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, seconds: float) -> None:
     pool = cfg.queue_batches + cfg.buffers + 1
 
@@ -166,7 +184,11 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
     task = asyncio.create_task(runner.run())
     early = []  # frames published by the end of each of the first seconds (the start-up)
     for _ in range(int(min(3.0, seconds / 3))):
-        await asyncio.sleep(1.0)
+        for half in range(2):
+            await asyncio.sleep(0.5)
+            if STACKS["on"]:
+                print(f"stacks at {len(early) + 0.5 * (half + 1):.1f} s:")
+                dump_stacks()
         early.append(sum(st.frames for st in runner.stats.values()))
     ticker, cpu0, c0 = Ticker(), thread_cpu(), time.time()
     await asyncio.sleep(seconds - min(3.0, seconds / 3))
@@ -284,6 +306,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--skip-s", type=float, default=3.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--stacks", action="store_true", help="print the engine's and readers' stacks in each point's first 3 s")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (s) for this run: how long a thread may keep the GIL (Python: 0.005)")
     ap.add_argument("--ort-threads", type=int, default=None,
@@ -301,6 +324,7 @@ def main() -> int:
 
         infer_cuda.session_options = opts
         print(f"CUDA sessions: {args.ort_threads} intra-op thread(s), no spinning")
+    STACKS["on"] = args.stacks
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     print(f"GIL switch interval {sys.getswitchinterval() * 1000:.2f} ms")
