@@ -86,6 +86,35 @@ def conv_algo_choice(setting: str, info: ModelInfo) -> str:
     return setting.upper()
 
 
+def synthetic_outputs(xp: Any, outs: list[Any], batch: int, head: bool, seed: int = 0) -> list[Any]:
+    """Arrays shaped and typed like a run's outputs `outs`, but full of detections, for the warm-up.
+
+    A warm-up on a blank batch finds no score over the threshold, so the code that runs only on candidates
+    (top-k, argsort, NMS, searchsorted, packing rows) never ran and CuPy compiled its kernels on the first
+    live frames with detections: on the H200 (2026-12-03) post-processing of the first batches of a fresh
+    process took 7.4-9.4 s (stack samples: NVRTC compiles under argsort, CupyOps.select, searchsorted).
+    Head models (`head`): logits N(0, 4) (most anchors of every image over any threshold) and small box
+    regressions, the shapes of outs[0] and outs[1]. Graph models: 8 detections per image of the batch, in
+    the dtypes of outs[0..3] (boxes, scores, labels[, batch index]). Made on the host (numpy, seeded)."""
+    rng = np.random.default_rng(seed)
+
+    def like(ref: Any, values: np.ndarray) -> Any:
+        return xp.asarray(values.astype(np.dtype(str(ref.dtype))))
+
+    if head:
+        cls, reg = outs[0], outs[1]
+        logits = rng.standard_normal(tuple(cls.shape), dtype=np.float32) * 4.0
+        deltas = rng.standard_normal(tuple(reg.shape), dtype=np.float32) * 0.2
+        return [like(cls, logits), like(reg, deltas)]
+    rows = 8 * batch
+    xy = rng.uniform(0.0, 200.0, (rows, 2))
+    boxes = np.concatenate([xy, xy + rng.uniform(10.0, 200.0, (rows, 2))], axis=1)
+    made = [like(outs[0], boxes), like(outs[1], rng.uniform(0.5, 1.0, rows)), like(outs[2], rng.integers(1, 80, rows))]
+    if len(outs) > 3:
+        made.append(like(outs[3], np.arange(rows) % batch))
+    return made
+
+
 @dataclass
 class _Slot:
     index: int
@@ -158,6 +187,7 @@ class CudaEngine:
                 self.post = Postprocessor(info.head, CupyOps())
         self.conv_algo_search = algo
         self.warmed_sizes: tuple[int, ...] = ()
+        self._synthetic: list[Any] | None = None  # the warm-up's outputs full of detections
         if warm_up:
             self.warm_up()
         log.info(
@@ -169,10 +199,9 @@ class CudaEngine:
         """Run every batch size the run can meet (1..batch for a dynamic-batch model, else batch) once on every
         slot, so that cuDNN's per-shape algorithm choice and CuPy's kernel compiles happen now, not on a frame.
         With `pad_partial` ORT sees the full batch only, but post-processing and packing still run at each
-        size (n valid rows), and CuPy may compile kernels per size. (On the H200, 2026-12-03, with batch 8
-        alone warmed, the first live feed of a fresh process found the engine busy for seconds: 4 frames
-        published in 9 s; a second process on that machine did not. Kernel compiles on the first partial
-        sizes are the suspect that warming every size removes; see bench/RESULTS.md for whether it did.)"""
+        size (n valid rows), and CuPy may compile kernels per size. Every size also runs once on outputs full
+        of detections (synthetic_outputs): a blank batch has none, and the kernels that run only on
+        candidates were compiled on the first live frames instead (measured on the H200, 2026-12-03)."""
         cp, info = self._cp, self.info
         sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch else (info.batch,)
         t0 = time.perf_counter()
@@ -182,6 +211,15 @@ class CudaEngine:
                 for n in sizes:
                     frames = [FrameMeta(i, None, 0.0, info.width, info.height) for i in range(n)]
                     self._run(slot, Batch("warm-up", frames, data))
+            try:  # and once more per size with outputs full of detections (see synthetic_outputs)
+                for slot in self._all:
+                    for n in sizes:
+                        frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+                        self._run(slot, Batch("warm-up", frames, data), synthetic=True)
+            except Exception as exc:  # the warm-up is an optimisation: never let it stop the engine
+                log.warning("cuda engine: warm-up with detections failed (%s); the first frames with detections "
+                            "will wait for CuPy's kernel compiles", str(exc)[:300])
+            self._synthetic = None
         self.warmed_sizes = sizes
         log.info("cuda engine: batch sizes %s warmed up on %d slot(s) in %.1f s",
                  f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else sizes[0], len(self._all), time.perf_counter() - t0)
@@ -206,7 +244,7 @@ class CudaEngine:
             batch.done()
             self._slots.put(slot)
 
-    def _run(self, slot: _Slot, batch: Batch) -> list[FrameResult]:
+    def _run(self, slot: _Slot, batch: Batch, synthetic: bool = False) -> list[FrameResult]:
         cp = self._cp
         info = self.info
         with cp.cuda.Device(self.device_id), slot.stream:
@@ -235,6 +273,10 @@ class CudaEngine:
                     f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
                 ) from exc
             outs = [ortvalue_as_cupy(ov) for ov in slot.binding.get_outputs()]
+            if synthetic:  # warm-up only: the code paths that run on detections (made once, copied per run)
+                if self._synthetic is None:
+                    self._synthetic = synthetic_outputs(cp, outs, info.batch, self.post is not None)
+                outs = [a.copy() for a in self._synthetic]
             if self.post is not None:
                 outs = list(self.post(outs[0], outs[1], n))
             sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))

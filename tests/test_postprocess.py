@@ -106,6 +106,32 @@ def test_crowded_synthetic_heads_equal_torchvision() -> None:
     assert all(n == spec.detections_per_img for n, _ in np.array(r["per_image"])[[0, 1, 3, 4]].tolist())
 
 
+def test_warm_up_outputs_are_full_of_detections() -> None:
+    """The CUDA engine's warm-up replaces a blank batch's outputs with stream.infer_cuda.synthetic_outputs, so
+    that the code that runs only on detections (top-k, NMS, packing) compiles its kernels at start. Checked here
+    with numpy: every image of every batch size has detections, from a head model's outputs and a graph model's."""
+    from stream.frames import pack_detections
+    from stream.infer_cuda import synthetic_outputs
+
+    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), topk_candidates=50, detections_per_img=40,
+                    score_thresh=0.3, levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),))  # fmt: skip
+    a = anchors(spec).shape[0]
+    blank = [np.zeros((4, a, 3), np.float16), np.zeros((4, a, 4), np.float16)]
+    cls, reg = synthetic_outputs(np, blank, 4, head=True)
+    assert cls.shape == blank[0].shape and cls.dtype == np.float16 and reg.dtype == np.float16
+    sizes = np.array([[1920, 1080]] * 4, np.int64)
+    for n in range(1, 5):
+        boxes, scores, labels, bi = Postprocessor(spec)(cls, reg, n)
+        assert sorted(set(bi.tolist())) == list(range(n)), f"batch of {n}: images without detections"
+        packed = pack_detections(np, boxes, scores, labels, bi, sizes[:n], (96, 64), n)
+        assert len(packed) == len(scores) > 10 * n
+    graph = [np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int64), np.zeros((0,), np.int64)]
+    made = synthetic_outputs(np, graph, 4, head=False)
+    assert [m.dtype for m in made] == [g.dtype for g in graph] and len(made[0]) == 32
+    assert (made[0][:, 2:] > made[0][:, :2]).all() and sorted(set(made[3].tolist())) == [0, 1, 2, 3]
+    assert len(pack_detections(np, *made, sizes, (96, 64), 4)) == 32
+
+
 def test_pipeline_with_a_head_model_equals_the_graph_model(tmp_path: Path, videos: dict[str, Path]) -> None:
     """Same weights exported both ways: `stream run` publishes the same detections, frame by frame."""
     common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (HEIGHT, WIDTH), "batch": 4, "score_thresh": 0.3}
