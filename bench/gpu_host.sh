@@ -3,13 +3,11 @@
 #   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
-# The open GPU questions as of 2026-12-03, one device call each, back to back after staging (about 20 minutes):
-#   live (#4: where live frames' engine time goes; a 0.5 ms GIL switch interval; ~6 min), procs (#4: feeds over
-#   worker processes; ~4 min),
-#   soak_start then soak_wait, twice if it says "still running" (#3: 10 minutes, GPU memory flat; ~11 min),
-#   buffers3 (#5: 3 buffers against 2 beside the naive loop; ~5 min).
-# Left after 2026-12-03 16:42 UTC (#4, after the pad_partial fix): `verify2`'s bench/latency.py lines (the
-# subscriber-side p99 of 1/8/16 feeds), `procs` (16 feeds over worker processes), the 10-minute soak.
+# Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
+# Left after 2026-12-03 18:38 UTC (#4): `live3` again, to see whether the warm-up on outputs full of detections
+# (8e3cb20, never run on the GPU) removed the first-feed stall of a fresh process (its first line, with an empty
+# CuPy cache, should publish from the first second); then the 8-feed tail of bench/latency.py (p99 211-315 ms in
+# the daemon against 72 ms in process) and the CPU side of each run at 16 feeds (31-36 runs/s of ~60).
 # Live-only runs need no DALI (files then decode with PyAV, with a warning): a slim wheel set of onnxruntime-gpu,
 # av, pynvvideocodec, pyzmq and msgpack is 6 parts instead of 10 (tar the wheels out of .gpu-wheels' tar,
 # `split -b 62000000 -d -a 2`, install with pip --no-index --no-deps --target /tmp/site).
