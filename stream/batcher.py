@@ -266,26 +266,25 @@ def due_at(parts: list[Batch]) -> float:
     return min(deadlines) if deadlines else time.time() + FILE_DUE_S
 
 
-def _fresh_rows(parts: list[Batch]) -> int:
-    """Rows of these parts that are not stale by now (counting nothing: _stale_prefix drops and counts)."""
-    now, n = time.time(), 0
-    for b in parts:
-        old = 0
-        if b.max_age_s is not None:
-            while old < len(b.frames) and now - b.frames[old].captured_at > b.max_age_s:
-                old += 1
-        n += len(b.frames) - old
+def _stale_count(b: Batch, now: float) -> int:
+    """How many of a live batch's first frames are older than its staleness budget at `now` (a prefix: frames
+    arrive in order). Files have no budget: 0."""
+    n = 0
+    if b.max_age_s is not None:
+        while n < len(b.frames) and now - b.frames[n].captured_at > b.max_age_s:
+            n += 1
     return n
 
 
+def _fresh_rows(parts: list[Batch]) -> int:
+    """Rows of these parts that are not stale by now (counting nothing: _stale_prefix drops and counts)."""
+    now = time.time()
+    return sum(len(b.frames) - _stale_count(b, now) for b in parts)
+
+
 def _stale_prefix(b: Batch) -> int:
-    """Frames of a live batch older than its staleness budget by now (a prefix: frames arrive in order),
-    counted as dropped; they are not run. Files have no budget: 0."""
-    if b.max_age_s is None:
-        return 0
-    now, n = time.time(), 0
-    while n < len(b.frames) and now - b.frames[n].captured_at > b.max_age_s:
-        n += 1
+    """The stale prefix of a live batch by now, counted as dropped; those frames are not run."""
+    n = _stale_count(b, time.time())
     if n and b.on_stale is not None:
         b.on_stale(n)
     return n
