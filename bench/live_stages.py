@@ -9,19 +9,27 @@ took its batch; live frames older than max_staleness_ms are dropped here), infer
 slot (the engine had a free slot: CUDA only), run0 and ran (ORT's run_with_iobinding called and returned),
 postproc (the device post-processing's calls made; the GPU may still be working), post (packed, before the one
 download, which waits for the GPU), inferred (results back in the worker), published (sent by the Runner).
-p50/p90/p99 over frames captured after the first --skip-s seconds.
+p50/p90/p99 over frames captured after the first --skip-s seconds. With `--sink zmq` the Runner publishes as
+the daemon does (a real Publisher on 127.0.0.1, with Metrics and its HTTP server), to a subscriber in another
+process, which adds `received` (its receive time); `--sink null` (the default) publishes nowhere.
+`--warm-file V` first runs a file through the Runner, as bench/latency.py warms its daemon up. `--no-lead`
+drops live frames by their age at the take alone (LEAD_CAP 0: the batcher before 2026-12-04).
 
 Beside the table, for the window after the first third of each point (at most 3 s): how late a thread that
-sleeps 1 ms at a time wakes (p50/p99/max: the wait for the GIL, plus the OS's wake-up), and the cores each
-thread kept busy, by Python thread name ("native": ORT's, CUDA's, FFmpeg's and ZeroMQ's own threads).
+sleeps 1 ms at a time wakes (p50/p99/max: the wait for the GIL, plus the OS's wake-up), the cores each
+thread kept busy, by Python thread name ("native": ORT's, CUDA's, FFmpeg's and ZeroMQ's own threads), and
+Python's garbage collections in that window (count and longest pause, by generation).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
+import json
 import os
 import re
+import subprocess
 import sys
 import threading
 import time
@@ -40,7 +48,8 @@ from stream import config, pipeline  # noqa: E402
 from stream.model import default_model_path, load_info  # noqa: E402
 from stream.sources import Source  # noqa: E402
 
-STAGES = ("handout", "submit", "work", "infer", "slot", "run0", "ran", "postproc", "post", "inferred", "published")
+STAGES = ("handout", "submit", "work", "infer", "slot", "run0", "ran", "postproc", "post", "inferred", "published",
+          "received")
 T: dict[tuple[str, int], dict[str, float]] = {}
 TL = threading.local()  # the batch an engine worker thread is running
 
@@ -159,7 +168,8 @@ def dump_stacks(prefixes: tuple[str, ...] = ("infer-", "live-")) -> None:
 STACKS = {"on": False}  # --stacks: dump the threads' stacks every 0.5 s in each point's first 3 s
 
 
-async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, seconds: float) -> None:
+async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, seconds: float, sink: Any = None,
+                    metrics: Any = None) -> None:
     pool = cfg.queue_batches + cfg.buffers + 1
 
     def factory(s: Source) -> Any:
@@ -178,7 +188,8 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
         return src
 
     srcs = [Source(f"f{i:02d}", f"{latency.PACED}{i / feeds / 30:.4f}:{video}", live=True) for i in range(feeds)]
-    runner = pipeline.Runner(cfg, srcs, info, engine, _Null(), handle_signals=False, source_factory=factory)
+    runner = pipeline.Runner(cfg, srcs, info, engine, sink or _Null(), handle_signals=False, source_factory=factory,
+                             metrics=metrics)  # fmt: skip
     sizes: list[int] = []
     runner.batcher.on_batch = sizes.append  # frames per inference run
     task = asyncio.create_task(runner.run())
@@ -190,10 +201,11 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
                 print(f"stacks at {len(early) + 0.5 * (half + 1):.1f} s:")
                 dump_stacks()
         early.append(sum(st.frames for st in runner.stats.values()))
-    ticker, cpu0, c0 = Ticker(), thread_cpu(), time.time()
+    ticker, cpu0, c0, pauses = Ticker(), thread_cpu(), time.time(), GcPauses()
     await asyncio.sleep(seconds - min(3.0, seconds / 3))
     cpu_table(cpu0, thread_cpu(), time.time() - c0)
     print(ticker.close())
+    print(pauses.close())
     runner.stop()
     await task
     dropped: dict[str, int] = {}
@@ -204,7 +216,8 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
           f"dropped {dropped}")  # fmt: skip
     fill = f"{np.mean(sizes):.2f}" if sizes else "-"
     print(f"published after 1, 2, 3 s: {early}; inference runs {len(sizes)}, frames per run {fill}, "
-          f"runs taken together from the queue {runner.batcher.coalesced}")  # fmt: skip
+          f"runs taken together from the queue {runner.batcher.coalesced}; run time counted against the budget "
+          f"{runner.batcher.run_time.lead(cfg.max_staleness_ms / 1000) * 1000:.0f} ms")  # fmt: skip
 
 
 class Ticker:
@@ -231,6 +244,87 @@ class Ticker:
             return "gil-ticker: no samples"
         p50, p99 = np.percentile(xs, [50, 99])
         return f"gil-ticker: 1 ms sleeps woke {p50:.2f} ms late p50, {p99:.2f} ms p99, {xs.max():.1f} ms max ({len(xs)})"
+
+
+class GcPauses:
+    """Python's garbage collections while it is open (gc.callbacks): count and longest pause per generation."""
+
+    def __init__(self) -> None:
+        self.seen: dict[int, list[float]] = {}
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.seen.setdefault(info["generation"], []).append(time.perf_counter() - self._t0)
+
+    def close(self) -> str:
+        if self._cb in gc.callbacks:
+            gc.callbacks.remove(self._cb)
+        parts = [f"gen{g} {len(xs)} (max {max(xs) * 1000:.1f} ms)" for g, xs in sorted(self.seen.items())]
+        return "gc: " + (", ".join(parts) if parts else "no collections")
+
+
+SUBSCRIBER = r"""
+import json, sys, time, zmq
+sys.path.insert(0, sys.argv[2])
+from stream.messages import decode
+ctx = zmq.Context(); s = ctx.socket(zmq.SUB); s.setsockopt(zmq.SUBSCRIBE, b""); s.setsockopt(zmq.RCVHWM, 0)
+s.connect(sys.argv[1]); print("ready", flush=True)
+out = open(sys.argv[3], "w")
+while True:
+    if not s.poll(1000):
+        continue
+    _, payload = s.recv_multipart(); now = time.time(); m = decode(payload)
+    if m.get("type") == "detections":
+        out.write(json.dumps([m["stream"], m["frame"], m["captured_at"], now]) + "\n"); out.flush()
+    elif m.get("type") == "quit":
+        break
+"""
+
+
+class ZmqSink:
+    """--sink zmq: the daemon's own Publisher on 127.0.0.1 and a subscriber in another process (as bench/latency.py
+    measures), whose receive times come back as the `received` stage."""
+
+    def __init__(self, fmt: str) -> None:
+        from stream.publish import Publisher
+
+        self.pub = Publisher("tcp://127.0.0.1:0", fmt)
+        self.log = Path(f"/tmp/live-stages-sub-{os.getpid()}.jsonl")
+        self.proc: subprocess.Popen[str] | None = None
+
+    async def start(self) -> None:
+        await self.pub.start()
+        root = str(Path(__file__).resolve().parent.parent)
+        self.proc = subprocess.Popen([sys.executable, "-c", SUBSCRIBER, self.pub.endpoint, root, str(self.log)],
+                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        assert self.proc.stdout is not None
+        await asyncio.to_thread(self.proc.stdout.readline)
+        if not await self.pub.wait_subscribers(1, 30):
+            raise SystemExit("the subscriber did not subscribe within 30 s")
+
+    async def send(self, msg: dict[str, Any]) -> None:
+        await self.pub.send(msg)
+
+    def collect(self) -> None:
+        """The subscriber's receive times so far, as the `received` stage."""
+        if not self.log.exists():
+            return
+        for line in self.log.read_text().splitlines():
+            sid, frame, cap, now = json.loads(line)
+            row = T.get((sid, frame, cap))
+            if row is not None:
+                row["received"] = now - cap
+
+    async def close(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+        await self.pub.close()
+        self.log.unlink(missing_ok=True)
 
 
 def thread_cpu() -> dict[str, float]:
@@ -281,11 +375,33 @@ async def main_async(args: argparse.Namespace) -> None:
           f"(batch sizes {getattr(engine, 'warmed_sizes', None) or 'n/a'})")  # fmt: skip
     print(f"{args.device}: {info.path.name} batch {info.batch} {info.dtype}; buffers {cfg.buffers}, batch_timeout_ms "
           f"{cfg.batch_timeout_ms}, max_staleness_ms {cfg.max_staleness_ms}, live_decode {cfg.live_decode}")  # fmt: skip
-    for n in args.feeds:
-        T.clear()
-        t0 = time.time()
-        await one_point(cfg, info, engine, args.video, n, args.seconds)
-        table(args.skip_s, t0)
+    if args.warm_file is not None:  # as bench/latency.py's daemon: a file through the Runner first
+        t = time.perf_counter()
+        await pipeline.Runner(cfg, [Source("warm", str(args.warm_file))], info, engine, _Null(), handle_signals=False).run()
+        print(f"warm-up file {args.warm_file.name} run in {time.perf_counter() - t:.1f} s")
+    sink, metrics = None, None
+    if args.sink == "zmq":
+        from stream.metrics import Metrics
+
+        metrics = Metrics()
+        metrics.start_http("127.0.0.1", 0)
+        sink = ZmqSink(cfg.format)
+        await sink.start()
+        print(f"publishing on {sink.pub.endpoint} ({cfg.format}) to a subscriber process; metrics served")
+    try:
+        for n in args.feeds:
+            T.clear()
+            t0 = time.time()
+            await one_point(cfg, info, engine, args.video, n, args.seconds, sink, metrics)
+            if sink is not None:
+                await asyncio.sleep(0.5)  # the last messages' way to the subscriber
+                sink.collect()
+            table(args.skip_s, t0)
+    finally:
+        if sink is not None:
+            await sink.close()
+        if metrics is not None:
+            metrics.stop()
 
 
 def _num(v: str) -> Any:
@@ -306,6 +422,11 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=10.0)
     ap.add_argument("--skip-s", type=float, default=3.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--sink", choices=("null", "zmq"), default="null",
+                    help="zmq: publish as the daemon does (Publisher, Metrics) to a subscriber process")
+    ap.add_argument("--warm-file", type=Path, default=None, help="run this file through the Runner first")
+    ap.add_argument("--no-lead", action="store_true",
+                    help="drop live frames by their age at the take alone (the batcher before 2026-12-04)")
     ap.add_argument("--stacks", action="store_true", help="print the engine's and readers' stacks in each point's first 3 s")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (s) for this run: how long a thread may keep the GIL (Python: 0.005)")
@@ -325,6 +446,9 @@ def main() -> int:
         infer_cuda.session_options = opts
         print(f"CUDA sessions: {args.ort_threads} intra-op thread(s), no spinning")
     STACKS["on"] = args.stacks
+    if args.no_lead:
+        bm.LEAD_CAP = 0.0
+        print("batcher: live frames dropped by their age at the take alone (LEAD_CAP 0)")
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     print(f"GIL switch interval {sys.getswitchinterval() * 1000:.2f} ms")

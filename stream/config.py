@@ -69,7 +69,7 @@ class Config:
     reconnect_max_s: float = 10.0  # the cap on that wait
     stall_timeout_s: float = 5.0  # no frame for this long: "stalled", reconnect (also the connect timeout)
     max_reconnects: int = 0  # reconnects in a row without a frame before the stream fails; 0: forever
-    max_staleness_ms: int = 100  # a live frame older than this when batched or run is dropped: bounds latency
+    max_staleness_ms: int = 100  # live frames: capture-to-publish budget; dropped when batched or run past it
     batch_timeout_ms: int = 50  # a partial live batch is handed out once its first frame is this old
     # one worker process per entry (stream/workers.py): CUDA indexes (0, 1, ...) or "cpu" once per CPU worker;
     # () (the default): one worker, in this process, on device/device_id

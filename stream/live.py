@@ -5,7 +5,8 @@ Decision record:
   only takes finished batches (`__iter__`), so a slow consumer can never hold the network read back: the
   reader drops frames instead (latest wins) and counts them in `dropped` by reason:
     "no_buffer"  every pooled batch array is taken (queued or in inference): the new frame is dropped;
-    "stale"      a frame is older than `max_staleness_ms` when its batch is handed out.
+    "stale"      a frame is older than `max_staleness_ms` when its batch is handed out (or, counted by the
+                 batcher, would be by the time an inference run of it is done).
 - A partial batch is handed out as soon as the pipeline asks for one: waiting for a fuller batch happens in
   one place, the pipeline's cross-stream batcher (stream/batcher.py), bounded by `batch_timeout_ms` from the
   oldest frame's capture. While inference is busy the pipeline asks less often, so frames gather into fuller

@@ -248,6 +248,37 @@ def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None
     assert res[0] == [] and len(res[1]) == 1 and drops == [2]
 
 
+def test_live_frames_that_would_be_published_stale_are_dropped_by_the_run_time_then() -> None:
+    """The staleness budget runs to publishing: once runs are seen to take 0.3 s, a live frame taken at 0.3 s of a
+    0.5-s budget is dropped (0.3 + the run would pass it; the run time counts for at most half the budget),
+    while the same age ran before any run was timed, and a fresher frame still runs."""
+    drops: list[int] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            time.sleep(0.3)
+            return super().infer(batch)
+
+    def live(stream: str, age_s: float) -> Any:
+        def make() -> Batch:
+            b = _make_part(stream, 1, 0, age_s, None)
+            b.max_age_s, b.on_stale = 0.5, drops.append
+            return b
+
+        return make
+
+    async def case() -> tuple[list[Any], Batcher]:
+        b = Batcher(Slow(), INFO, 0.0, workers=1)  # timeout 0: every part runs alone
+        first = await b.submit(live("first", age_s=0.3)())  # nothing timed yet: 0.3 of 0.5 runs
+        assert b.run_time.lead(0.5) == pytest.approx(0.25)  # 0.3 s measured, capped at half the budget
+        later = await asyncio.gather(b.submit(live("late", age_s=0.3)()), b.submit(live("fresh", age_s=0.0)()))
+        await asyncio.to_thread(b.close)
+        return [first, *later], b
+
+    res, b = asyncio.run(case())
+    assert [len(r) for r in res] == [1, 0, 1] and drops == [1]
+
+
 def test_live_batches_go_before_queued_file_batches() -> None:
     """With the one inference slot busy, a live batch queued just after file batches runs before them."""
     gate = threading.Event()
