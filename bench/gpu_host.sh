@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
@@ -243,6 +243,33 @@ live3() {
     | grep "^paced"
 }
 
+live4() {
+  # #4 and #5, 2026-12-04: (1) the first feed of a fresh process with an empty CuPy cache, after the warm-up on
+  # outputs full of detections (8e3cb20: "published after 1, 2, 3 s" should grow from the first second);
+  # (2) 8 and 16 feeds in process as the daemon publishes (Publisher + Metrics + a subscriber process, after a
+  # file run as bench/latency.py warms up), with the staleness budget to publishing (177266a) and without
+  # (--no-lead), and 8 feeds with no sink: where the daemon's 8-feed tail comes from; (3) bench/latency.py 8 and
+  # 16 feeds; (4) bench/ort_profile.py: the model run's host time, preallocated outputs and CUDA graphs
+  export_one device 8 fp16 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  ls=(python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4)
+  CUPY_CACHE_DIR=/tmp/cupy-empty-$$ timeout 70 "${ls[@]}" --feeds 1 --seconds 9 2>&1 | grep -v "W:onnx" \
+    > "$OUT/live-stages-fresh.txt"; grep -E "^engine|^1 feed|^published after" "$OUT/live-stages-fresh.txt"
+  timeout 90 "${ls[@]}" --feeds 8 16 --seconds 9 --sink zmq --warm-file /tmp/hd.mp4 2>&1 | grep -v "W:onnx" \
+    > "$OUT/live-stages-zmq.txt"
+  timeout 90 "${ls[@]}" --feeds 8 16 --seconds 9 --sink zmq --warm-file /tmp/hd.mp4 --no-lead 2>&1 | grep -v "W:onnx" \
+    > "$OUT/live-stages-zmq-nolead.txt"
+  timeout 60 "${ls[@]}" --feeds 8 --seconds 9 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-null.txt"
+  for f in live-stages-zmq live-stages-zmq-nolead live-stages-null; do echo "== $f"
+    grep -E "^(gc|gil|[0-9]+ feed|published after)|^\| (submit|work|ran|published|received) " "$OUT/$f.txt" | cut -c1-200; done
+  timeout 130 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 8 16 --seconds 10 --warmup 3 --json "$OUT/latency-cuda.json" 2>&1 | tee "$OUT/latency-cuda.txt" \
+    | grep "^paced"
+  timeout 90 python3 bench/ort_profile.py --model /tmp/models/r50_head_fp16.onnx --runs 40 --json "$OUT/ort-profile.json" \
+    2>&1 | grep -v "W:onnx" | tee "$OUT/ort-profile.txt" | tail -24
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -279,6 +306,7 @@ case $what in
   live) check; stages; gil ;;
   live2) live2 ;;
   live3) live3 ;;
+  live4) live4 ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac
