@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
@@ -270,6 +270,34 @@ live4() {
     2>&1 | grep -v "W:onnx" | tee "$OUT/ort-profile.txt" | tail -24
 }
 
+live5() {
+  # 2026-12-04, second call: (1) bench/ort_profile.py: the head model's batch axis left dynamic against fixed by
+  # the session (ORT's free dimension override; the engine now fixes it under pad_partial), and CUDA graphs;
+  # (2) bench/postprocess.py, 8 file streams, device post-processing b8 fp16 and the naive loop in the same run
+  # (#5's 8x); (3) the first feed of a fresh process with an empty CuPy cache (live_stages' instrument no longer
+  # breaks the warm-up with detections); (4) bench/latency.py 1/8/16 feeds, then 16 with --no-lead (#4)
+  f=/tmp/models/r50_b1_fp32.onnx
+  export_one graph 1 fp32 &
+  export_one device 8 fp16 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  timeout 100 python3 bench/ort_profile.py --model /tmp/models/r50_head_fp16.onnx --runs 40 --json "$OUT/ort-profile.json" \
+    2>&1 | grep -v "W:onnx" > "$OUT/ort-profile.txt"; head -8 "$OUT/ort-profile.txt"; grep "^ORT profile" "$OUT/ort-profile.txt"
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx "$f" /tmp/models2/
+  timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda.json" 2>&1 | grep -v "W:onnx" \
+    > "$OUT/postprocess-cuda.txt"; tail -8 "$OUT/postprocess-cuda.txt"
+  CUPY_CACHE_DIR=/tmp/cupy-empty-$$ timeout 70 python3 bench/live_stages.py --device cuda \
+    --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 --feeds 1 --seconds 9 2>&1 | grep -v "W:onnx" \
+    > "$OUT/live-stages-fresh.txt"; grep -E "^engine|warm-up|^1 feed|^published after" "$OUT/live-stages-fresh.txt"
+  timeout 130 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 1 8 16 --seconds 10 --warmup 3 --json "$OUT/latency-cuda.json" 2>&1 | tee "$OUT/latency-cuda.txt" \
+    | grep "^paced"
+  timeout 70 python3 bench/latency.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --modes paced --feeds 16 --seconds 10 --warmup 3 --no-lead --json "$OUT/latency-cuda-nolead.json" 2>&1 \
+    | tee "$OUT/latency-cuda-nolead.txt" | grep "^paced"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -307,6 +335,7 @@ case $what in
   live2) live2 ;;
   live3) live3 ;;
   live4) live4 ;;
+  live5) live5 ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

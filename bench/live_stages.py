@@ -94,7 +94,7 @@ def instrument(device: str) -> None:
                 rec("infer", [m], _owner(m))
             return o_infer(self, batch)
 
-        def run(self: Any, slot: Any, batch: Any) -> Any:
+        def run(self: Any, slot: Any, batch: Any, *args: Any, **kwargs: Any) -> Any:
             for m in batch.frames:
                 rec("slot", [m], _owner(m))
             TL.batch = batch
@@ -113,7 +113,7 @@ def instrument(device: str) -> None:
                     return out
 
                 slot.session.run_with_iobinding = ort
-            return o_run(self, slot, batch)
+            return o_run(self, slot, batch, *args, **kwargs)
 
         o_init = ic.CudaEngine.__init__
 
@@ -372,7 +372,8 @@ async def main_async(args: argparse.Namespace) -> None:
     t = time.perf_counter()
     engine = await asyncio.to_thread(pipeline.make_engine, args.device, info, cfg)
     print(f"engine made and warmed up in {time.perf_counter() - t:.1f} s "
-          f"(batch sizes {getattr(engine, 'warmed_sizes', None) or 'n/a'})")  # fmt: skip
+          f"(batch sizes {getattr(engine, 'warmed_sizes', None) or 'n/a'}, with detections "
+          f"{getattr(engine, 'warmed_with_detections', 'n/a')}, batch axis fixed {getattr(engine, 'fixed_dim', None)})")  # fmt: skip
     print(f"{args.device}: {info.path.name} batch {info.batch} {info.dtype}; buffers {cfg.buffers}, batch_timeout_ms "
           f"{cfg.batch_timeout_ms}, max_staleness_ms {cfg.max_staleness_ms}, live_decode {cfg.live_decode}")  # fmt: skip
     if args.warm_file is not None:  # as bench/latency.py's daemon: a file through the Runner first

@@ -76,14 +76,28 @@ def download(arr: Any, stream: Any) -> np.ndarray:
     return arr.get(stream=stream)
 
 
-def conv_algo_choice(setting: str, info: ModelInfo) -> str:
+def conv_algo_choice(setting: str, info: ModelInfo, fixed: bool | None = None) -> str:
     """ORT's `cudnn_conv_algo_search` for a model: "auto" is HEURISTIC where the batch axis is dynamic (many
-    shapes, each of which EXHAUSTIVE would time anew), EXHAUSTIVE where it is fixed (one shape)."""
+    shapes, each of which EXHAUSTIVE would time anew), EXHAUSTIVE where it is fixed (one shape; `fixed`: the
+    session fixes it, see fixed_batch_dim)."""
     if setting == "auto":
-        return "HEURISTIC" if info.dynamic_batch else "EXHAUSTIVE"
+        return "EXHAUSTIVE" if (not info.dynamic_batch if fixed is None else fixed) else "HEURISTIC"
     if setting not in CONV_ALGO_SEARCHES:
         raise ValueError(f"conv_algo_search must be one of {', '.join(CONV_ALGO_SEARCHES)}; got {setting!r}")
     return setting.upper()
+
+
+def fixed_batch_dim(info: ModelInfo, pad_partial: bool) -> str | None:
+    """The batch axis a session fixes at the model's batch (ORT's free dimension override), or None.
+
+    With `pad_partial` every run of a dynamic-batch model is at its full batch, so the session may as well know
+    it: ORT then folds the graph's shape arithmetic (Shape, Gather, Concat, Reshape targets) into constants.
+    Left dynamic, RetinaNet-v2's head graph ran about 830 nodes a run, among them 62 device-to-host and 54
+    host-to-device copies of shape values, each a wait for the GPU, and ORT's host time in its kernels was
+    the whole run's (19.4 of 19.5 ms at batch 8 fp16 on the H200, bench/ort_profile.py, 2026-12-04)."""
+    if info.dynamic_batch and pad_partial and info.batch_dim:
+        return info.batch_dim
+    return None
 
 
 def synthetic_outputs(xp: Any, outs: list[Any], batch: int, head: bool, seed: int = 0) -> list[Any]:
@@ -151,7 +165,10 @@ class CudaEngine:
         self._slots: queue.Queue[_Slot] = queue.Queue()
         self._all: list[_Slot] = []
         self._lock = threading.Lock()
-        algo = (provider_options or {}).get("cudnn_conv_algo_search") or conv_algo_choice(conv_algo_search, info)
+        self.fixed_dim = fixed_batch_dim(info, pad_partial)
+        algo = (provider_options or {}).get("cudnn_conv_algo_search") or conv_algo_choice(
+            conv_algo_search, info, fixed=not info.dynamic_batch or self.fixed_dim is not None
+        )
         with cp.cuda.Device(device_id):
             for i in range(buffers):
                 stream = cp.cuda.Stream(non_blocking=True)
@@ -164,10 +181,11 @@ class CudaEngine:
                     "cudnn_conv_algo_search": algo,
                 }
                 opts.update(provider_options or {})
+                so = session_options()
+                if self.fixed_dim is not None:
+                    so.add_free_dimension_override_by_name(self.fixed_dim, info.batch)
                 try:
-                    sess = ort.InferenceSession(
-                        str(info.path), session_options(), providers=[("CUDAExecutionProvider", opts)]
-                    )
+                    sess = ort.InferenceSession(str(info.path), so, providers=[("CUDAExecutionProvider", opts)])
                 except Exception as exc:
                     raise ModelError(f"model {info.path}: ONNX Runtime (CUDA) cannot load it: {str(exc)[:400]}") from exc
                 if "CUDAExecutionProvider" not in sess.get_providers():
@@ -187,12 +205,14 @@ class CudaEngine:
                 self.post = Postprocessor(info.head, CupyOps())
         self.conv_algo_search = algo
         self.warmed_sizes: tuple[int, ...] = ()
+        self.warmed_with_detections = False  # the warm-up's second pass (outputs full of detections) ran
         self._synthetic: list[Any] | None = None  # the warm-up's outputs full of detections
         if warm_up:
             self.warm_up()
         log.info(
-            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s",
+            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s, batch %s",
             buffers, device_id, info.path.name, info.postprocess, self.conv_algo_search,
+            f"fixed at {info.batch} ({self.fixed_dim})" if self.fixed_dim else "dynamic" if info.dynamic_batch else info.batch,
         )  # fmt: skip
 
     def warm_up(self) -> None:
@@ -216,6 +236,7 @@ class CudaEngine:
                     for n in sizes:
                         frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
                         self._run(slot, Batch("warm-up", frames, data), synthetic=True)
+                self.warmed_with_detections = True
             except Exception as exc:  # the warm-up is an optimisation: never let it stop the engine
                 log.warning("cuda engine: warm-up with detections failed (%s); the first frames with detections "
                             "will wait for CuPy's kernel compiles", str(exc)[:300])

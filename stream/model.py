@@ -57,6 +57,7 @@ class ModelInfo:
     extra: dict[str, str] = field(default_factory=dict)
     head: HeadSpec | None = None  # set: the graph ends at the head and stream.postprocess does the rest
     dynamic_batch: bool = False  # the graph takes any batch size (a partial batch runs at its own size)
+    batch_dim: str | None = None  # the dynamic batch axis's name in the graph (its dim_param), if it has one
 
     @property
     def postprocess(self) -> str:
@@ -220,6 +221,7 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
         extra={k: v for k, v in meta.items() if not k.startswith(METADATA_PREFIX)},
         head=head,
         dynamic_batch=dynamic_batch,
+        batch_dim=shape[0] if dynamic_batch and isinstance(shape[0], str) and shape[0] else None,
     )
 
 

@@ -184,3 +184,31 @@ def test_export_reports_postprocess(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert "postprocess device" in capsys.readouterr().out
     info = load_info(tmp_path / "h.onnx")
     assert info.dynamic_batch and info.postprocess == "device"
+
+
+def test_the_batch_axis_a_padded_engine_fixes(head_models: dict[str, Path]) -> None:
+    """With pad_partial every run of a dynamic-batch model is at its full batch, so the CUDA engine fixes the axis
+    (ORT's free dimension override, which folds the graph's shape arithmetic): the axis is found by name, the
+    fixed session gives the dynamic one's outputs at the full batch, and refuses any other batch (it is fixed)."""
+    from dataclasses import replace
+
+    from stream.infer import session_options
+    from stream.infer_cuda import conv_algo_choice, fixed_batch_dim
+
+    info = load_info(head_models["fp32"])
+    assert info.dynamic_batch and info.batch_dim == "batch" and info.batch == 4
+    assert fixed_batch_dim(info, pad_partial=True) == "batch"
+    assert fixed_batch_dim(info, pad_partial=False) is None
+    assert fixed_batch_dim(replace(info, dynamic_batch=False, batch_dim=None), pad_partial=True) is None
+    assert conv_algo_choice("auto", info, fixed=True) == "EXHAUSTIVE" and conv_algo_choice("auto", info) == "HEURISTIC"
+    so = session_options()
+    so.add_free_dimension_override_by_name(info.batch_dim, info.batch)
+    fixed = ort.InferenceSession(str(info.path), so, providers=["CPUExecutionProvider"])
+    assert fixed.get_inputs()[0].shape[0] in ("batch", 4)  # the declared shape; the override acts inside
+    x = frames([3, 10, 20, 40])
+    got = fixed.run(info.output_names, {info.input_name: x})
+    _, cls, reg = head_outputs(info.path, x)
+    np.testing.assert_allclose(got[0], cls, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[1], reg, rtol=1e-5, atol=1e-5)
+    with pytest.raises(Exception, match="(?i)dimension|shape|invalid"):
+        fixed.run(info.output_names, {info.input_name: x[:2]})
