@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
@@ -298,6 +298,20 @@ live5() {
     | tee "$OUT/latency-cuda-nolead.txt" | grep "^paced"
 }
 
+recheck() {
+  # 2026-12-04, third call: the CuPy-against-torchvision parity tests again (their helper runs the engine's session
+  # at each batch itself, so it now asks for a dynamic axis), then bench/postprocess.py again (#5's 8x, a second run)
+  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  STREAM_TEST_MODELS=/tmp/models timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
+    tests/test_gpu_postprocess.py 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-postprocess.txt"; grep -E "passed|failed|^FAILED|batch [0-9]+:" "$OUT/pytest-gpu-postprocess.txt" | tail -12
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
+  timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda-2.json" 2>&1 | grep -v "W:onnx" \
+    > "$OUT/postprocess-cuda-2.txt"; tail -8 "$OUT/postprocess-cuda-2.txt"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -336,6 +350,7 @@ case $what in
   live3) live3 ;;
   live4) live4 ;;
   live5) live5 ;;
+  recheck) recheck ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

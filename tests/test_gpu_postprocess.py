@@ -68,7 +68,8 @@ def real_frames(tmp_path_factory: pytest.TempPathFactory) -> np.ndarray:
 
 
 def run_head(engine: Any, x: np.ndarray) -> list[Any]:
-    """The head outputs on the device through the CUDA engine's own session (outputs bound by name)."""
+    """The head outputs on the device through the CUDA engine's own session (outputs bound by name), at the batch
+    of `x`: the engine must keep the batch axis dynamic (`pad_partial=False`)."""
     import cupy as cp
 
     from stream.infer_cuda import ortvalue_as_cupy
@@ -94,7 +95,8 @@ def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: 
     from stream.model import load_info
 
     info = load_info(r50[precision])
-    engine = CudaEngine(info, buffers=1)
+    # run_head runs the session at each batch n itself: the axis must stay dynamic (pad_partial fixes it at 8)
+    engine = CudaEngine(info, buffers=1, pad_partial=False)
     totals = []
     for n in (1, 3, 8):
         x = real_frames[:1] if n == 1 else real_frames[8 - n :]  # n > 1: the black frame is the last
