@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
@@ -312,6 +312,44 @@ recheck() {
     > "$OUT/postprocess-cuda-2.txt"; tail -8 "$OUT/postprocess-cuda-2.txt"
 }
 
+dec04a() {
+  # 2026-12-04, evening, first call after the wheels: check, the models, then bench/gil_probe.py (#4: does the
+  # live NVDEC read path, PyNvVideoCodec's Decode and the CuPy row kernels, keep the GIL; how many frames a second
+  # 1-16 unpaced readers give in one process, with no model run)
+  check
+  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  ls -la /tmp/models | tee "$OUT/models.txt"
+  timeout 120 python3 bench/gil_probe.py --video /tmp/hd.mp4 --model /tmp/models/r50_head_fp16.onnx \
+    --readers 1 4 8 16 --seconds 4 --json "$OUT/gil-probe.json" 2>&1 | grep -v "W:onnx" | tee "$OUT/gil-probe.txt"
+}
+
+dec04b() {
+  # the GPU tests (daemon on CUDA with glibc's mmap threshold now fixed at start: stream/malloc.py)
+  STREAM_TEST_MODELS=/tmp/models timeout 560 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_gpu.py \
+    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | grep -v "W:onnx" \
+    > "$OUT/pytest-gpu.txt"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -15
+}
+
+dec04c() {
+  # #5: bench/postprocess.py (8 file streams; device b1/b8 fp16, graph b1 fp32, the naive loop in the same run)
+  # with 2 buffers, then 3
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
+  for b in 2 3; do
+    timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+      --buffers $b --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-buffers$b.json" 2>&1 \
+      | grep -v "W:onnx" > "$OUT/postprocess-buffers$b.txt"; tail -9 "$OUT/postprocess-buffers$b.txt"
+  done
+}
+
+dec04d() {
+  # #3: bench/streams.py, 1/2/3 buffers at 8 file streams, head fp16 b8 (fixed batch axis since 0db7e72)
+  timeout 300 python3 bench/streams.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --streams 8 --buffers 1 2 3 --buffers-streams 8 --sweep-buffers 2 --seconds 4 --infer-seconds 2 \
+    --json "$OUT/streams-buffers.json" 2>&1 | grep -v "W:onnx" > "$OUT/streams-buffers.txt"; tail -14 "$OUT/streams-buffers.txt"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -351,6 +389,10 @@ case $what in
   live4) live4 ;;
   live5) live5 ;;
   recheck) recheck ;;
+  dec04a) dec04a ;;
+  dec04b) dec04b ;;
+  dec04c) dec04c ;;
+  dec04d) dec04d ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

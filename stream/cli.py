@@ -113,6 +113,7 @@ def _stacks_on_sigusr1() -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from . import config as config_mod
     from . import pipeline
+    from .malloc import set_mmap_threshold
     from .report import ProgressBars, print_summary, progress_enabled
 
     try:
@@ -146,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     _setup_logging(cfg.log_level, cfg.log_format)
     _stacks_on_sigusr1()
+    set_mmap_threshold()  # resident memory that follows what is in use (stream/malloc.py)
     bars = ProgressBars(progress_enabled(cfg.progress))
     try:
         with bars:

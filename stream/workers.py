@@ -131,6 +131,9 @@ def worker_main(index: int, cfg: Config, sources: list[Source], conn: Any) -> No
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     _worker_logging(index, cfg.log_level, cfg.log_format)
     from .cli import _run_loop
+    from .malloc import set_mmap_threshold
+
+    set_mmap_threshold()  # as in the supervisor's process (stream/malloc.py)
 
     code = 0
     try:
