@@ -9,7 +9,9 @@ readers a ticker thread sleeps 1 ms at a time and records how late it wakes: wit
 the OS's wake-up; a call that keeps the GIL while it works (C code that does not release it) makes the ticker
 wait for the whole call. Per point, after --warmup-s: frames a second (all readers), the wall time of each
 `decode` and `fill` call (p50/p99), the ticker's lateness (p50/p99/max), and the process's CPU use (cores).
-A first point with the readers idle (0) gives the ticker's floor. --json writes the points.
+A first point with the readers idle (0) gives the ticker's floor. Before the points, `--opens N` decoders are
+made one after another on hd.mp4's stream (what a live source does at each connect) with the ticker running:
+the constructor's wall time and the ticker's lateness while it ran. --json writes the points.
 """
 
 from __future__ import annotations
@@ -90,6 +92,35 @@ def ticker(stop: threading.Event, recording: threading.Event, late: list[float])
             late.append(d)
 
 
+def opens(video: str, info: Any, n: int) -> dict[str, Any]:
+    """Make n NvdecDecoders in a row (after one warm-up reader pass), the ticker beside them."""
+    import av
+
+    rows = DeviceRows(info)
+    rows.warm_up()
+    stop, recording = threading.Event(), threading.Event()
+    late: list[float] = []
+    tick = threading.Thread(target=ticker, args=(stop, recording, late), name="ticker", daemon=True)
+    tick.start()
+    times: list[float] = []
+    with av.open(video) as c:
+        vs = c.streams.video[0]
+        NvdecDecoder(vs, stream_id="warm", cuda_stream=rows.stream).close()  # the import, the first context use
+        time.sleep(0.2)
+        recording.set()
+        for i in range(n):
+            t = time.perf_counter()
+            dec = NvdecDecoder(vs, stream_id=f"open{i}", cuda_stream=rows.stream)
+            times.append(time.perf_counter() - t)
+            dec.close()
+            time.sleep(0.05)
+        recording.clear()
+    stop.set()
+    tick.join(2)
+    return {"opens": n, "open_ms": {"p50": pct(times, 50), "max": pct(times, 100)},
+            "ticker_late_ms": {"p50": pct(late, 50), "p99": pct(late, 99), "max": pct(late, 100)}}
+
+
 def point(n: int, video: str, info: Any, seconds: float, warmup_s: float) -> dict[str, Any]:
     stop, recording = threading.Event(), threading.Event()
     late: list[float] = []
@@ -127,13 +158,20 @@ def main() -> int:
     ap.add_argument("--readers", type=int, nargs="+", default=[1, 4, 8, 16])
     ap.add_argument("--seconds", type=float, default=4.0)
     ap.add_argument("--warmup-s", type=float, default=1.5)
+    ap.add_argument("--opens", type=int, default=0, help="decoders to make one after another first (0: none)")
     ap.add_argument("--json")
     a = ap.parse_args()
     info = load_info(Path(a.model))
     print(f"model {info.path.name}: rows {info.height}x{info.width} {info.dtype}; video {a.video}; {a.seconds} s a point")
+    points: list[dict[str, Any]] = []
+    if a.opens:
+        o = opens(a.video, info, a.opens)
+        points.append(o)
+        print(f"{a.opens} decoders made in a row: constructor p50 {o['open_ms']['p50']:.1f} "
+              f"max {o['open_ms']['max']:.1f} ms; ticker late meanwhile p50 {o['ticker_late_ms']['p50']:.2f} "
+              f"p99 {o['ticker_late_ms']['p99']:.2f} max {o['ticker_late_ms']['max']:.2f} ms", flush=True)
     print("| readers | frames/s | cores | decode p50/p99 ms | fill p50/p99 ms | ticker late p50/p99/max ms |")
     print("| --- | --- | --- | --- | --- | --- |")
-    points = []
     for n in [0, *a.readers]:
         p = point(n, a.video, info, a.seconds, a.warmup_s if n else 0.2)
         points.append(p)

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|dec04e|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
-# Done on 2026-12-03 (bench/RESULTS.md): live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3.
-# Left after 2026-12-03 18:38 UTC (#4): `live3` again, to see whether the warm-up on outputs full of detections
-# (8e3cb20, never run on the GPU) removed the first-feed stall of a fresh process (its first line, with an empty
-# CuPy cache, should publish from the first second); then the 8-feed tail of bench/latency.py (p99 211-315 ms in
-# the daemon against 72 ms in process) and the CPU side of each run at 16 feeds (31-36 runs/s of ~60).
+# Done (bench/RESULTS.md): 2026-12-03 live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3;
+# 2026-12-04 live4, live5, recheck, dec04a-d.
+# Left after 2026-12-04 20:20 UTC: #4 at 16 feeds (the engine's Python side under the GIL: time the
+# PyNvVideoCodec decoder's constructor, which the GIL probe suggests holds the GIL up to 0.25 s); the CUDA
+# graph as an engine option (+6% a run in bench/ort_profile.py); the GPU tests and postprocess.py with
+# `buffers` at its new default 3 (measured so far only with --buffers 3 / --set buffers=3).
 # Live-only runs need no DALI (files then decode with PyAV, with a warning): a slim wheel set of onnxruntime-gpu,
 # av, pynvvideocodec, pyzmq and msgpack is 6 parts instead of 10 (tar the wheels out of .gpu-wheels' tar,
 # `split -b 62000000 -d -a 2`, install with pip --no-index --no-deps --target /tmp/site).
@@ -350,6 +351,21 @@ dec04d() {
     --json "$OUT/streams-buffers.json" 2>&1 | grep -v "W:onnx" > "$OUT/streams-buffers.txt"; tail -14 "$OUT/streams-buffers.txt"
 }
 
+dec04e() {
+  # 2026-12-04, second machine: the models; the PyNvVideoCodec decoder's constructor timed with the GIL ticker
+  # (bench/gil_probe.py --opens) and the 1 and 16 reader points with a 3-s warm-up; then bench/postprocess.py
+  # with `buffers` at its new default (3), a fifth same-run ratio to the naive loop (#5)
+  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  timeout 90 python3 bench/gil_probe.py --video /tmp/hd.mp4 --model /tmp/models/r50_head_fp16.onnx --opens 8 \
+    --readers 1 16 --seconds 4 --warmup-s 3 --json "$OUT/gil-probe-2.json" 2>&1 | grep -v "W:onnx" | tee "$OUT/gil-probe-2.txt"
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
+  timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-default.json" 2>&1 | grep -v "W:onnx" \
+    > "$OUT/postprocess-default.txt"; tail -9 "$OUT/postprocess-default.txt"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -393,6 +409,7 @@ case $what in
   dec04b) dec04b ;;
   dec04c) dec04c ;;
   dec04d) dec04d ;;
+  dec04e) dec04e ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

@@ -180,7 +180,7 @@ async def serve(spec: dict[str, Any]) -> None:
         await pub.start()
         if not await pub.wait_subscribers(1, 60):
             raise SystemExit("no subscriber within 60 s")
-        pool = cfg.queue_batches + cfg.buffers + 1  # as stream.pipeline.make_one_pass sizes a live source's pool
+        pool = pipeline.pool_size(cfg, engine.device)  # as stream.pipeline.make_one_pass sizes a live source's pool
         interval = 1.0 / spec["fps"]
         if spec["mode"] == "paced":
             install_paced_open()
@@ -336,7 +336,7 @@ class Daemon:
         self.points = 0
         self.replies: dict[str, dict[str, Any]] = {}
         threading.Thread(target=self._read_replies, daemon=True).start()
-        self.pool = int(cfgd.get("queue_batches", 2)) + a.buffers + 1
+        self.pool = pipeline.pool_size(config.load(None, {k: v for k, v in cfgd.items() if k != "model"}), a.device)
         self.batch = load_info(Path(cfgd["model"])).batch
 
     def _read_replies(self) -> None:
@@ -569,7 +569,7 @@ def main() -> None:
     ap.add_argument("--feeds", type=int, nargs="+", default=[1, 4, 16])
     ap.add_argument("--seconds", type=float, default=10.0, help="measured window per point")
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds after every feed's first frame, not measured")
-    ap.add_argument("--buffers", type=int, default=2)
+    ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--no-lead", action="store_true",

@@ -170,7 +170,7 @@ STACKS = {"on": False}  # --stacks: dump the threads' stacks every 0.5 s in each
 
 async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, seconds: float, sink: Any = None,
                     metrics: Any = None) -> None:
-    pool = cfg.queue_batches + cfg.buffers + 1
+    pool = pipeline.pool_size(cfg, engine.device)
 
     def factory(s: Source) -> Any:
         src = latency.live_source(s, info, cfg, pool, engine.device)

@@ -190,7 +190,7 @@ def main() -> None:
     ap.add_argument("--naive-model", type=Path, default=None, help="batch-1 graph model (default: MODELS/r50_b1_fp32.onnx)")
     ap.add_argument("--video", type=Path, default=None, help="default: a generated 640x360 H.264 video")
     ap.add_argument("--streams", type=int, default=8, help="file streams of the end-to-end runs")
-    ap.add_argument("--buffers", type=int, default=2)
+    ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--seconds", type=float, default=5.0, help="steady window of an end-to-end run")
     ap.add_argument("--infer-seconds", type=float, default=3.0)
     ap.add_argument("--ceiling-batches", type=int, default=8)

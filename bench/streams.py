@@ -484,7 +484,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, nargs=2, default=(640, 360), metavar=("W", "H"))
     ap.add_argument("--video-seconds", type=float, default=10.0, help="length of the generated video (30 fps)")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 32], help="stream counts of the sweep")
-    ap.add_argument("--sweep-buffers", type=int, default=2, help="buffers of the streams sweep")
+    ap.add_argument("--sweep-buffers", type=int, default=config.Config.buffers, help="buffers of the streams sweep (default: the daemon's)")
     ap.add_argument("--buffers", type=int, nargs="+", default=[1, 2, 3], help="buffers of the buffers sweep")
     ap.add_argument("--buffers-streams", type=int, default=4, help="streams of the buffers sweep")
     ap.add_argument("--seconds", type=float, default=5.0, help="longest steady window of an end-to-end point")

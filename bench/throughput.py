@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--size", type=int, nargs=2, default=(640, 360), metavar=("W", "H"))
     ap.add_argument("--frames", type=int, default=300, help="frames of the generated video")
     ap.add_argument("--naive-frames", type=int, default=150, help="frames the naive loop times")
-    ap.add_argument("--buffers", type=int, default=2)
+    ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
 

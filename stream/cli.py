@@ -81,7 +81,7 @@ def _add_run(sub: Any) -> None:
     p.add_argument("--publish", metavar="ENDPOINT", help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5556)")
     p.add_argument("--format", choices=("json", "msgpack"), help="payload encoding (default json)")
     p.add_argument("--wait-subscribers", type=int, metavar="N", help="start once N subscribers have subscribed")
-    p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 2)")
+    p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 3)")
     p.add_argument("--duration", type=float, metavar="S", help="stop (gracefully) after S seconds")
     p.add_argument("--loop", action="store_true", default=None, help="replay every file source forever")
     p.add_argument("--annotate", metavar="DIR",

@@ -1,10 +1,13 @@
 """Inference on CUDA: N-buffered ONNX Runtime sessions, each with its own CUDA stream and IOBinding.
 
 Decision record:
-- N slots (`buffers`, default 2). A slot is a session created with `user_compute_stream` set to its own
+- N slots (`buffers`, default 3). A slot is a session created with `user_compute_stream` set to its own
   CuPy stream, plus an IOBinding whose outputs are bound by name only: ORT allocates boxes/scores/labels on
   the device with whatever shape the frame gives. Worker threads take a free slot, so N batches run at once
-  (`run_with_iobinding` releases the GIL).
+  (`run_with_iobinding` releases the GIL). Why 3: against 2, 1-5% more frames a second end to end at batch 8
+  fp16 in each of four side-by-side runs on the H200 (2026-12-02 to 12-04), and in one side-by-side run 8
+  paced live feeds stayed within p99 100 ms with 3 and not with 2 (bench/RESULTS.md); each slot holds its
+  own session's GPU memory (activations of one batch in its arena).
 - The input is bound to the batch's device buffer as it is (no copy). The producer recorded a CUDA event
   after writing it; the slot's stream waits on that event (not a device-wide sync) before ORT reads it.
 - ORT's output OrtValues are wrapped zero-copy as CuPy arrays (`data_ptr()` + UnownedMemory with the OrtValue
@@ -144,7 +147,7 @@ class CudaEngine:
     def __init__(
         self,
         info: ModelInfo,
-        buffers: int = 2,
+        buffers: int = 3,
         device_id: int = 0,
         provider_options: dict[str, str] | None = None,
         conv_algo_search: str = "auto",

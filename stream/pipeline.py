@@ -127,6 +127,16 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
     return CpuEngine(info, threads=cfg.cpu_threads or None)
 
 
+CPU_POOL_SLOTS = 2
+
+
+def pool_size(cfg: Config, device: str) -> int:
+    """Pooled batches of a stream's source: those queued (`queue_batches`), those in the engine's slots or being
+    published, and the one being filled. On CUDA the slots are `buffers`; the CPU engine runs one session
+    whatever `buffers` says, and its pool stays as it was measured with `buffers` at its old default, 2."""
+    return cfg.queue_batches + (cfg.buffers if device == "cuda" else CPU_POOL_SLOTS) + 1
+
+
 def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
     """A stream's batch source; files with `loop` (or cfg.loop) are replayed forever."""
     if not src.live and (src.loop or cfg.loop):
@@ -139,7 +149,7 @@ def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> Batch
 def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
     """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyNvVideoCodec on NVDEC for live
     H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
-    pool = cfg.queue_batches + cfg.buffers + 1
+    pool = pool_size(cfg, device)
     if device == "cuda" and not src.live:
         from .decode import probe
         from .decode_dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource

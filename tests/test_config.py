@@ -20,7 +20,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_defaults_are_safe() -> None:
     cfg = config.load()
     assert cfg.publish == "tcp://127.0.0.1:5556"  # loopback only unless configured
-    assert cfg.device == "auto" and cfg.buffers == 2 and cfg.format == "json"
+    assert cfg.device == "auto" and cfg.buffers == 3 and cfg.format == "json"
     assert cfg.sources == ()
 
 
