@@ -269,14 +269,22 @@ def test_snapshot_and_gpu_memory_gauge(h264: dict[str, Path], model_info: Any) -
 
     port = free_port()
     seen: dict[str, Any] = {}
+    metrics_text: list[str] = []
 
-    def ready(runner: Any) -> None:
+    def ready(runner: Any) -> None:  # metrics are served from here on; the file's run may end within a poll
         runner.stats["plain"].watched_until = time.monotonic() + 60
         seen["runner"] = runner
+        deadline = time.monotonic() + 5.0  # the watch thread sets the gauge as it starts: scrape until it has
+        while time.monotonic() < deadline:
+            body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            metrics_text.append(body)
+            if any(line.startswith("stream_gpu_memory_bytes") and float(line.split()[-1]) > 0
+                   for line in body.splitlines()):  # fmt: skip
+                break
+            time.sleep(0.05)
 
     cfg = config.load(None, {"sources": [f"plain={h264['plain']}"], "device": "cuda", "progress": "off",
                              "metrics_port": port, "publish": ep()})  # fmt: skip
-    metrics_text: list[str] = []
 
     async def go() -> Any:
         async def poll() -> None:
