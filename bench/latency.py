@@ -336,7 +336,7 @@ class Daemon:
         self.points = 0
         self.replies: dict[str, dict[str, Any]] = {}
         threading.Thread(target=self._read_replies, daemon=True).start()
-        self.pool = pipeline.pool_size(config.load(None, {k: v for k, v in cfgd.items() if k != "model"}), a.device)
+        self.pool = pipeline.pool_size(config.load(None, cfgd), a.device)
         self.batch = load_info(Path(cfgd["model"])).batch
 
     def _read_replies(self) -> None:
