@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|dec04e|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|dec04e|pending1|pending2|pending3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done (bench/RESULTS.md): 2026-12-03 live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3;
-# 2026-12-04 live4, live5, recheck, dec04a-d.
-# Left after 2026-12-04 20:20 UTC: #4 at 16 feeds (the engine's Python side under the GIL: time the
-# PyNvVideoCodec decoder's constructor, which the GIL probe suggests holds the GIL up to 0.25 s); the CUDA
-# graph as an engine option (+6% a run in bench/ort_profile.py); the GPU tests and postprocess.py with
-# `buffers` at its new default 3 (measured so far only with --buffers 3 / --set buffers=3).
+# 2026-12-04 live4, live5, recheck, dec04a-e.
+# Left after 2026-12-04 (late: no GPU machine was lent): `pending1`, `pending2`, `pending3`, in that order, first
+# thing in the next GPU session. They check the code written that evening without a GPU (post-processing with two
+# waits for the stream a batch and its pack kernel, the live rows' NV12 conversion in one kernel, the CUDA-graph
+# engine option, off by default) and measure it: #5 with and without CUDA graphs, #4 at 16 feeds with each change
+# undone, every GPU test, #3's buffers sweep.
 # Live-only runs need no DALI (files then decode with PyAV, with a warning): a slim wheel set of onnxruntime-gpu,
 # av, pynvvideocodec, pyzmq and msgpack is 6 parts instead of 10 (tar the wheels out of .gpu-wheels' tar,
 # `split -b 62000000 -d -a 2`, install with pip --no-index --no-deps --target /tmp/site).
@@ -366,6 +367,51 @@ dec04e() {
     > "$OUT/postprocess-default.txt"; tail -9 "$OUT/postprocess-default.txt"
 }
 
+pending1() {
+  # Written 2026-12-04 late, when no GPU machine was lent: run pending1-3 first in the next GPU session. The models; the new kernels checked first (nv12_to_row in one kernel,
+  # the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine), then #5's
+  # bench/postprocess.py, device b8 fp16 without CUDA graphs (the default) and with them, in one run
+  check
+  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+  STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
+    tests/test_gpu_postprocess.py "tests/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
+    | grep -v "W:onnx" > "$OUT/pytest-gpu-new.txt"; grep -E "passed|failed|^FAILED|^E  |identical|batch [0-9]+:" "$OUT/pytest-gpu-new.txt" | tail -24
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
+  timeout 220 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --compare-cuda-graph --json "$OUT/postprocess-graph.json" 2>&1 \
+    | grep -v "W:onnx" > "$OUT/postprocess-graph.txt"; tail -11 "$OUT/postprocess-graph.txt"
+}
+
+pending2() {
+  # #4: 16 paced live feeds in process (bench/live_stages.py), the new default against each change undone and
+  # both undone, and with CUDA graphs, one process each; then bench/latency.py, the subscriber-side figure, at 8
+  # and 16 feeds, without and with CUDA graphs
+  local m=/tmp/models/r50_head_fp16.onnx
+  for v in "new:" "before:--old-post --composed-rows" "old-post:--old-post" "composed-rows:--composed-rows" \
+           "graph:--set cuda_graph=auto"; do
+    timeout 60 python3 bench/live_stages.py --device cuda --model $m --video /tmp/hd.mp4 --feeds 16 --seconds 9 \
+      ${v#*:} 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-${v%%:*}.txt"
+    echo "== ${v%%:*}"; grep -E "^16 feed|^published after|^inference workers|^\| published|^gil" "$OUT/live-stages-${v%%:*}.txt"
+  done
+  for g in off auto; do
+    timeout 150 python3 bench/latency.py --device cuda --model $m --video /tmp/hd.mp4 --modes paced --feeds 8 16 \
+      --seconds 10 --warmup 3 --set cuda_graph=$g --json "$OUT/latency-cuda-graph-$g.json" 2>&1 | grep -v "W:onnx" \
+      > "$OUT/latency-cuda-graph-$g.txt"; echo "== cuda_graph $g"; grep -E "^paced|p99|target" "$OUT/latency-cuda-graph-$g.txt" | tail -6
+  done
+}
+
+pending3() {
+  # every GPU test with the day's code, then #3's buffers sweep (1/2/3 at 8 file streams) with CUDA graphs
+  STREAM_TEST_MODELS=/tmp/models timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_gpu.py \
+    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | grep -v "W:onnx" \
+    > "$OUT/pytest-gpu.txt"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -15
+  timeout 180 python3 bench/streams.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --streams 8 --buffers 1 2 3 --buffers-streams 8 --sweep-buffers 2 --seconds 4 --infer-seconds 2 \
+    --json "$OUT/streams-buffers.json" 2>&1 | grep -v "W:onnx" > "$OUT/streams-buffers.txt"; tail -14 "$OUT/streams-buffers.txt"
+}
+
 soaktest() {
   # #3's 10-minute GPU soak started in the background, and the GPU tests beside it (correctness only: the soak's
   # GPU memory is nvidia-smi's figure for its own process); `soak_wait` in the next call brings the soak back
@@ -410,6 +456,9 @@ case $what in
   dec04c) dec04c ;;
   dec04d) dec04d ;;
   dec04e) dec04e ;;
+  pending1) pending1 ;;
+  pending2) pending2 ;;
+  pending3) pending3 ;;
   soaktest) soaktest ;;
   all) check; export_models; run_tests; run_bench ;;
 esac

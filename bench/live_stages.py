@@ -14,6 +14,11 @@ the daemon does (a real Publisher on 127.0.0.1, with Metrics and its HTTP server
 process, which adds `received` (its receive time); `--sink null` (the default) publishes nowhere.
 `--warm-file V` first runs a file through the Runner, as bench/latency.py warms its daemon up. `--no-lead`
 drops live frames by their age at the take alone (LEAD_CAP 0: the batcher before 2026-12-04).
+`--old-post` runs a head model's post-processing as __call__ + pack_detections (four waits for the stream a
+batch, against two; until the evening of 2026-12-04 it was seven), `--composed-rows` the live NVDEC rows' colour conversion as CuPy array code (about 15
+calls a frame) instead of its one kernel: each against the default in the same session. `--set cuda_graph=auto`
+runs the sessions as CUDA graphs (off by default). Printed per point: the share of the window the inference workers spent
+in a run (from the take to the results), runs a second and the time of a run.
 
 Beside the table, for the window after the first third of each point (at most 3 s): how late a thread that
 sleeps 1 ms at a time wakes (p50/p99/max: the wait for the GIL, plus the OS's wake-up), the cores each
@@ -52,6 +57,8 @@ STAGES = ("handout", "submit", "work", "infer", "slot", "run0", "ran", "postproc
           "received")
 T: dict[tuple[str, int], dict[str, float]] = {}
 TL = threading.local()  # the batch an engine worker thread is running
+BUSY: list[tuple[float, float]] = []  # (start, end) of every worker's Batcher._work call (perf_counter)
+OPTS: dict[str, Any] = {}
 
 
 def rec(stage: str, frames: Any, stream: str | None = None) -> None:
@@ -71,7 +78,9 @@ def instrument(device: str) -> None:
     def work(self: Any, parts: list[Any]) -> Any:
         for b in parts:
             rec("work", b.frames, b.stream)
+        t = time.perf_counter()
         out = o_work(self, parts)
+        BUSY.append((t, time.perf_counter()))
         for b, res in zip(parts, out):
             rec("inferred", [r.meta for r in res], b.stream)
         return out
@@ -119,17 +128,19 @@ def instrument(device: str) -> None:
 
         def init(self: Any, *a: Any, **k: Any) -> None:
             o_init(self, *a, **k)
-            if self.post is not None:
-                o_post = self.post
+            if OPTS.get("old_post"):
+                self.packed_post = False
+            if self.post is not None:  # stamped when its candidate steps are enqueued (both forms go through rows)
+                o_rows = self.post.rows
 
-                def post(*pa: Any, **pk: Any) -> Any:
-                    out = o_post(*pa, **pk)
+                def rows(*pa: Any, **pk: Any) -> Any:
+                    out = o_rows(*pa, **pk)
                     b = getattr(TL, "batch", None)
                     for m in b.frames if b is not None else ():
                         rec("postproc", [m], _owner(m))
                     return out
 
-                self.post = post
+                self.post.rows = rows
 
         ic.CudaEngine.__init__ = init
 
@@ -202,8 +213,15 @@ async def one_point(cfg: Any, info: Any, engine: Any, video: Path, feeds: int, s
                 dump_stacks()
         early.append(sum(st.frames for st in runner.stats.values()))
     ticker, cpu0, c0, pauses = Ticker(), thread_cpu(), time.time(), GcPauses()
+    w0 = time.perf_counter()
     await asyncio.sleep(seconds - min(3.0, seconds / 3))
+    w1 = time.perf_counter()
     cpu_table(cpu0, thread_cpu(), time.time() - c0)
+    spans = [(max(a, w0), min(b, w1)) for a, b in BUSY if b > w0 and a < w1]
+    busy = sum(b - a for a, b in spans)
+    workers = len(runner.batcher._workers) or cfg.buffers
+    print(f"inference workers ({workers}) busy in Batcher._work {busy / (w1 - w0) / workers:.0%} of the window, "
+          f"{len(spans) / (w1 - w0):.1f} runs/s, {busy / max(len(spans), 1) * 1000:.1f} ms a run (take to results)")
     print(ticker.close())
     print(pauses.close())
     runner.stop()
@@ -392,6 +410,7 @@ async def main_async(args: argparse.Namespace) -> None:
     try:
         for n in args.feeds:
             T.clear()
+            BUSY.clear()
             t0 = time.time()
             await one_point(cfg, info, engine, args.video, n, args.seconds, sink, metrics)
             if sink is not None:
@@ -434,6 +453,10 @@ def main() -> int:
     ap.add_argument("--ort-threads", type=int, default=None,
                     help="intra-op threads of the CUDA sessions, with spinning off (ORT's default: one per core, "
                          "spinning): whether ORT's idle threads crowd the readers and the engine thread out")
+    ap.add_argument("--old-post", action="store_true",
+                    help="head models: post-process with __call__ + pack_detections (four waits a batch, not two)")
+    ap.add_argument("--composed-rows", action="store_true",
+                    help="live NVDEC rows: nv12_to_row's CuPy array code instead of its one kernel")
     args = ap.parse_args()
     if args.ort_threads:
         from stream import infer, infer_cuda
@@ -447,6 +470,19 @@ def main() -> int:
         infer_cuda.session_options = opts
         print(f"CUDA sessions: {args.ort_threads} intra-op thread(s), no spinning")
     STACKS["on"] = args.stacks
+    OPTS["old_post"] = args.old_post
+    if args.old_post:
+        print("engine: head post-processing as __call__ and pack_detections (four waits for the stream a batch)")
+    if args.composed_rows:
+        from stream import decode_nvdec
+
+        def fill(self: Any, data: Any, row: int, frame: Any) -> None:
+            with self._device, self.stream:
+                decode_nvdec.nv12_to_row(self._cp, frame.y, frame.uv, data[row], self.info, colorspace=frame.colorspace,
+                                         full_range=frame.full_range, fused=False)  # fmt: skip
+
+        decode_nvdec.DeviceRows.fill = fill
+        print("live rows: the NV12 conversion as CuPy array code (about 15 calls a frame), not the one kernel")
     if args.no_lead:
         bm.LEAD_CAP = 0.0
         print("batcher: live frames dropped by their age at the take alone (LEAD_CAP 0)")

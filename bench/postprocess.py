@@ -79,21 +79,23 @@ def info_for(path: Path, batch: int) -> ModelInfo:
     return info
 
 
-def make_engine(device: str, info: ModelInfo, buffers: int, provider_options: dict[str, str] | None = None) -> Any:
+def make_engine(device: str, info: ModelInfo, buffers: int, provider_options: dict[str, str] | None = None,
+                cuda_graph: str = config.Config.cuda_graph) -> Any:  # fmt: skip
     if device == "cuda":
         from stream.infer_cuda import CudaEngine
 
-        return CudaEngine(info, buffers=buffers, provider_options=provider_options)
+        return CudaEngine(info, buffers=buffers, provider_options=provider_options, cuda_graph=cuda_graph)
     from stream.infer import CpuEngine
 
     return CpuEngine(info)
 
 
 async def measure_config(a: argparse.Namespace, pub: Publisher, drain: Drain, info: ModelInfo, video: Path,
-                         warm: Path, tmp: Path, tag: str) -> dict[str, Any]:  # fmt: skip
-    cfg = config.load(None, {"device": a.device, "model": str(info.path), "buffers": a.buffers, "progress": "off"})
+                         warm: Path, tmp: Path, tag: str, cuda_graph: str = config.Config.cuda_graph) -> dict[str, Any]:  # fmt: skip
+    cfg = config.load(None, {"device": a.device, "model": str(info.path), "buffers": a.buffers, "progress": "off",
+                             "cuda_graph": cuda_graph})  # fmt: skip
     t = time.perf_counter()
-    engine = await asyncio.to_thread(make_engine, a.device, info, a.buffers)
+    engine = await asyncio.to_thread(make_engine, a.device, info, a.buffers, None, cuda_graph)
     try:
         made = time.perf_counter() - t
         w = await pipeline.Runner(cfg, [Source(f"warm-{tag}", str(warm))], info, engine, pub).run()
@@ -106,7 +108,8 @@ async def measure_config(a: argparse.Namespace, pub: Publisher, drain: Drain, in
         paths = stream_paths(video, tmp / "streams", a.streams)
         e2e = await end_to_end(cfg, info, engine, pub, paths, a.seconds, 120.0, tag)
         e2e["received"] = drain.settle() - got
-        return {"engine_s": made, "inference_only": inf["images_per_s"], "e2e_fps": e2e["fps"], "e2e": e2e}
+        return {"engine_s": made, "inference_only": inf["images_per_s"], "e2e_fps": e2e["fps"], "e2e": e2e,
+                "cuda_graph": bool(getattr(engine, "graph", False))}
     finally:
         engine.close()
 
@@ -141,14 +144,18 @@ async def run_all(a: argparse.Namespace, video: Path, warm: Path, tmp: Path, res
     if not await pub.wait_subscribers(1, 10):
         raise SystemExit("the bench's own subscriber did not connect")
     try:
-        for pp, b, prec in CONFIGS:
+        runs = [(pp, b, prec, config.Config.cuda_graph) for pp, b, prec in CONFIGS]
+        if a.compare_cuda_graph:  # the fastest configuration again with CUDA graphs (default off), in the same run
+            runs.append(("device", 8, "fp16", "auto"))
+        for pp, b, prec, graph in runs:
             path = model_file(a.models, pp, b, prec)
             if not path.is_file():
                 print(f"skipped {pp} b{b} {prec}: no {path}", flush=True)
                 continue
-            tag = f"{pp}-b{b}-{prec}"
-            r = await measure_config(a, pub, drain, info_for(path, b), video, warm, tmp, tag)
-            r.update(postprocess=pp, batch=b, precision=prec, model=path.name)
+            tag = f"{pp}-b{b}-{prec}" + ("-cudagraph" if graph != config.Config.cuda_graph else "")
+            r = await measure_config(a, pub, drain, info_for(path, b), video, warm, tmp, tag, graph)
+            label = pp + (", CUDA graph" if r["cuda_graph"] else "")
+            r.update(postprocess=label, batch=b, precision=prec, model=path.name)
             res["configs"].append(r)
             print(f"{tag:18s} inference only {r['inference_only']:7.1f} img/s   end to end {r['e2e_fps']:7.1f} fps "
                   f"({a.streams} streams; engine made in {r['engine_s']:.1f} s)", flush=True)  # fmt: skip
@@ -167,7 +174,7 @@ def report(res: dict[str, Any]) -> None:
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (pp, b, prec), c in sorted(at.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         other = at.get(("graph", b, prec))
-        vs_graph = f"{c['e2e_fps'] / other['e2e_fps']:.2f}x" if pp == "device" and other else ""
+        vs_graph = f"{c['e2e_fps'] / other['e2e_fps']:.2f}x" if pp.startswith("device") and other else ""
         vs_naive = f"{c['e2e_fps'] / naive:.2f}x" if naive else ""
         c["e2e_over_naive"] = c["e2e_fps"] / naive if naive else None
         print(f"| {pp} | {b} | {prec} | {c['inference_only']:.1f} | {c['e2e_fps']:.1f} | {vs_naive} | {vs_graph} |")
@@ -196,6 +203,8 @@ def main() -> None:
     ap.add_argument("--ceiling-batches", type=int, default=8)
     ap.add_argument("--naive-frames", type=int, default=120)
     ap.add_argument("--provider-sweep", action="store_true")
+    ap.add_argument("--compare-cuda-graph", action="store_true",
+                    help="also run device b8 fp16 with cuda_graph = auto (a CUDA graph; the default is off)")
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stream-pp-"))

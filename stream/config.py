@@ -21,6 +21,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 RTSP_TRANSPORTS = ("tcp", "udp")
 LIVE_DECODES = ("auto", "nvdec", "cpu")
 CONV_ALGO_SEARCHES = ("auto", "exhaustive", "heuristic", "default")  # ORT CUDA's cudnn_conv_algo_search
+CUDA_GRAPHS = ("auto", "on", "off")  # ORT CUDA's enable_cuda_graph (stream.infer_cuda.cuda_graph_choice)
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class Config:
     conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
     cpu_threads: int = 0  # ONNX Runtime intra-op threads of a CPU engine; 0: the cores, shared out among CPU workers
     pad_partial: bool = True  # CUDA, dynamic-batch model: run partial batches padded to the full batch (fixed shape)
+    cuda_graph: str = "off"  # CUDA: replay each run as a CUDA graph (auto: for head models of a fixed batch); off until measured end to end
     publish_hwm: int = 100_000
     linger_s: float = 10.0
     progress: str = "auto"
@@ -91,6 +93,7 @@ _RULES: dict[str, tuple[type | tuple[type, ...], tuple[Any, ...] | None, tuple[f
     "conv_algo_search": (str, CONV_ALGO_SEARCHES, None),
     "cpu_threads": (int, None, (0, 1024)),
     "pad_partial": (bool, None, None),
+    "cuda_graph": (str, CUDA_GRAPHS, None),
     "publish_hwm": (int, None, (0, 10_000_000)),
     "linger_s": ((int, float), None, (0, 3_600)),
     "progress": (str, PROGRESS, None),

@@ -255,12 +255,16 @@ def nv12_to_row(
     colorspace: int | None = None,
     full_range: bool = False,
     siting: str = "left",
+    fused: bool = True,
 ) -> None:
     """Write one model-input row `out` [3, h, w] (the model's dtype) from an NV12 frame, with numpy or CuPy (`xp`).
 
     y: [H, W] uint8; uv: [H/2, W/2, 2] or [H/2, W] uint8 (interleaved U, V). colorspace/full_range: the feed's
     tags (see `yuv_to_rgb`). siting: "left" (MPEG-2, FFmpeg's default for H.264 4:2:0) or "center" (chroma x
-    at 2j + 0.5). On CuPy everything runs on the current stream.
+    at 2j + 0.5). On CuPy everything runs on the current stream, in one kernel (`_row_kernel`, the same taps,
+    weights and arithmetic as the array code below, which `fused=False` runs instead): the array code is
+    about 15 CuPy calls a frame, each holding the GIL while it launches, and 16 live feeds' readers share
+    the GIL with the engine's threads (bench/RESULTS.md, 2026-12-04: the GIL ticker's p99 11.7 ms at 16 readers).
     """
     H, W = int(y.shape[0]), int(y.shape[1])
     uv2 = uv.reshape(int(uv.shape[0]), -1)  # [Hc, 2 * Wc] bytes
@@ -274,6 +278,16 @@ def nv12_to_row(
     )
     yf = xp.ascontiguousarray(y).reshape(-1)
     uvf = xp.ascontiguousarray(uv2).reshape(-1)
+    if fused and hasattr(xp, "ElementwiseKernel"):  # CuPy (not numpy, nor the CPU tests' stand-in)
+        k = _row_kernel(xp)
+        plain = consts.plain is not None
+        if not (out.flags.c_contiguous and out.dtype in (np.float16, np.float32)):
+            raise ValueError(f"a model row must be C-contiguous float16 or float32, not {out.dtype}")
+        flat = [a.reshape(-1) for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)]
+        # 1-D views (the arrays are contiguous): a raw n-d array's flat index is unravelled by its shape per access
+        k(yf, uvf, *flat, np.float32(consts.plain if plain else 0.0), np.int32(plain), np.int64(h * w), out.reshape(-1),
+          size=h * w)  # fmt: skip
+        return
     yuv = xp.empty((3, h, w), dtype=xp.float32)
     xp.sum(yf.take(plan.y_idx) * plan.y_w, axis=0, out=yuv[0])
     xp.sum(uvf.take(plan.uv_idx) * plan.uv_w, axis=0, out=yuv[1:])
@@ -284,6 +298,21 @@ def nv12_to_row(
         xp.multiply(rgb, xp.float32(consts.plain), out=out)
     else:
         out[...] = rgb * consts.a + consts.b
+
+
+_row_kernels: dict[Any, Any] = {}
+
+
+def _row_kernel(cp: Any) -> Any:
+    """nv12_to_row in one CuPy ElementwiseKernel over the row's pixels (compiled once per process; the types of
+    the plan's indices and of the output are template parameters)."""
+    k = _row_kernels.get("k")
+    if k is None:
+        from .cuda_sources import ROW
+
+        k = cp.ElementwiseKernel(*ROW, "stream_nv12_to_row")
+        _row_kernels["k"] = k
+    return k
 
 
 def split_nv12(nv12: Any, height: int) -> tuple[Any, Any]:

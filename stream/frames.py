@@ -128,7 +128,13 @@ def pack_detections(
     else:
         bi = batch_index.astype(xp.float32)
     keep = bi < valid
-    boxes, scores, labels, bi = boxes[keep], scores[keep], labels[keep], bi[keep]
+    return map_rows(xp, boxes[keep], scores[keep], labels[keep], bi[keep], sizes_wh, model_wh)
+
+
+def map_rows(xp: Any, boxes: Any, scores: Any, labels: Any, bi: Any, sizes_wh: Any, model_wh: tuple[int, int]) -> Any:
+    """pack_detections' rows for detections already chosen: boxes from model-input pixels to the source pixels of
+    their image (`bi`, float32), clipped to it; [N, 7] float32. stream.postprocess_cuda's pack kernel does the same
+    arithmetic in one launch."""
     sizes = sizes_wh[bi.astype(xp.int64)].astype(xp.float32)  # [n, 2] w, h
     sx = sizes[:, 0] / float(model_wh[0])
     sy = sizes[:, 1] / float(model_wh[1])
@@ -142,3 +148,9 @@ def pack_detections(
     out[:, 5] = labels.astype(xp.float32)
     out[:, 6] = bi
     return out
+
+
+def unpack_counted(host: np.ndarray) -> np.ndarray:
+    """The detection rows of a counted array (Postprocessor.packed): row 0's first column is how many follow."""
+    n = int(host[0, 0])
+    return host[1 : 1 + n]

@@ -28,8 +28,14 @@ Decision record:
   EXHAUSTIVE) and EXHAUSTIVE for fixed-batch ones, which see one shape. Either way every slot runs every
   batch size it can meet once at start (`warm_up`), so no frame of the run pays for a first shape.
 - Models exported with `--postprocess device` end at the head: the slot runs stream.postprocess (CuPy and
-  two kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
-  batch; their batch axis is dynamic, so a partial batch runs at its own size.
+  three kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
+  batch (`Postprocessor.packed`: the host waits for the stream twice a batch, for the number of scores over
+  the threshold and for the download); their batch axis is dynamic, so without `pad_partial` a partial
+  batch runs at its own size.
+- `cuda_graph` (off by default; "auto" where it can, see cuda_graph_choice): each slot's session runs as a
+  CUDA graph, its input buffer and outputs bound once (`_bind_fixed`): outputs of a head model of fixed batch
+  have one shape, so ORT's allocator makes them once and the graph replays into them. Written 2026-12-04
+  without a GPU to run it: off until measured end to end (bench/postprocess.py --compare-cuda-graph).
 """
 
 from __future__ import annotations
@@ -43,9 +49,9 @@ from typing import Any
 
 import numpy as np
 
-from .config import CONV_ALGO_SEARCHES
+from .config import CONV_ALGO_SEARCHES, CUDA_GRAPHS
 from .errors import DeviceError, InferenceError, ModelError
-from .frames import Batch, FrameMeta, FrameResult, pack_detections, snapshot_rows, split_results
+from .frames import Batch, FrameMeta, FrameResult, pack_detections, snapshot_rows, split_results, unpack_counted
 from .infer import session_options
 from .model import ModelInfo
 
@@ -103,6 +109,26 @@ def fixed_batch_dim(info: ModelInfo, pad_partial: bool) -> str | None:
     return None
 
 
+def cuda_graph_choice(setting: str, info: ModelInfo, fixed_dim: str | None) -> bool:
+    """Whether the engine's sessions run in a CUDA graph (ORT's `enable_cuda_graph`): ORT captures a run's kernel
+    launches once and replays them, so a run costs one launch on the host instead of ~530 (RetinaNet-v2's head
+    graph with its batch axis fixed). A graph replays fixed shapes at fixed addresses, so only a head model
+    (`--postprocess device`, static output shapes) whose batch is fixed (by the session under `pad_partial`, or
+    in the file) can; the graph post-processing's outputs change size every frame. "auto": where it can;
+    "on": required (a clear error where it cannot); "off" (the default): never. Measured on the H200 in
+    isolation only (bench/ort_profile.py, 2026-12-04): 16.16 ms a run against 17.18 ms without, batch 8 fp16.
+    The engine's form (input and outputs bound once, `_bind_fixed`) has not run on a GPU yet: it stays off by
+    default until bench/postprocess.py --compare-cuda-graph has measured it end to end."""
+    if setting not in CUDA_GRAPHS:
+        raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)}; got {setting!r}")
+    can = info.head is not None and (fixed_dim is not None or not info.dynamic_batch)
+    if setting == "on" and not can:
+        why = ("its post-processing is in the graph (outputs of a new size every frame); export it with "
+               "--postprocess device") if info.head is None else "its batch axis is dynamic; set pad_partial = true"  # fmt: skip
+        raise ModelError(f"cuda_graph = \"on\": model {info.path.name} cannot run in a CUDA graph: {why}, or set cuda_graph = \"auto\"")
+    return can and setting != "off"
+
+
 def synthetic_outputs(xp: Any, outs: list[Any], batch: int, head: bool, seed: int = 0) -> list[Any]:
     """Arrays shaped and typed like a run's outputs `outs`, but full of detections, for the warm-up.
 
@@ -139,6 +165,7 @@ class _Slot:
     binding: Any
     stream: Any  # cupy.cuda.Stream
     pad_buf: Any = None  # the full-batch input buffer partial batches are copied into (pad_partial)
+    outputs: list[Any] | None = None  # CUDA graph: the OrtValues bound once as the outputs
 
 
 class CudaEngine:
@@ -153,6 +180,7 @@ class CudaEngine:
         conv_algo_search: str = "auto",
         warm_up: bool = True,
         pad_partial: bool = True,
+        cuda_graph: str = "off",
     ) -> None:
         import cupy as cp
         import onnxruntime as ort
@@ -172,34 +200,15 @@ class CudaEngine:
         algo = (provider_options or {}).get("cudnn_conv_algo_search") or conv_algo_choice(
             conv_algo_search, info, fixed=not info.dynamic_batch or self.fixed_dim is not None
         )
-        with cp.cuda.Device(device_id):
-            for i in range(buffers):
-                stream = cp.cuda.Stream(non_blocking=True)
-                opts = {
-                    "device_id": str(device_id),
-                    "user_compute_stream": str(stream.ptr),
-                    "arena_extend_strategy": "kSameAsRequested",
-                    # measured on the H200 (bench/postprocess.py --provider-sweep): +10% for RetinaNet-v2 fp16
-                    "prefer_nhwc": "1",
-                    "cudnn_conv_algo_search": algo,
-                }
-                opts.update(provider_options or {})
-                so = session_options()
-                if self.fixed_dim is not None:
-                    so.add_free_dimension_override_by_name(self.fixed_dim, info.batch)
-                try:
-                    sess = ort.InferenceSession(str(info.path), so, providers=[("CUDAExecutionProvider", opts)])
-                except Exception as exc:
-                    raise ModelError(f"model {info.path}: ONNX Runtime (CUDA) cannot load it: {str(exc)[:400]}") from exc
-                if "CUDAExecutionProvider" not in sess.get_providers():
-                    raise DeviceError(f"ONNX Runtime fell back to {sess.get_providers()} for {info.path}; check the CUDA install")
-                binding = sess.io_binding()
-                for name in info.output_names:
-                    binding.bind_output(name, "cuda", device_id)  # no shape: ORT allocates per run
-                slot = _Slot(i, sess, binding, stream)
-                self._all.append(slot)
-                self._slots.put(slot)
+        self._ort = ort
+        self._algo = algo
+        self._provider_options = provider_options
+        self.graph = cuda_graph_choice(cuda_graph, info, self.fixed_dim)
+        self._make_slots()
         self.post = None
+        # head models: Postprocessor.packed (two waits for the stream a batch); False: its __call__ and
+        # pack_detections (four: __call__'s compaction and pack_detections' mask), bench/live_stages.py --old-post
+        self.packed_post = True
         if info.head is not None:
             from .postprocess import Postprocessor
             from .postprocess_cuda import CupyOps
@@ -211,12 +220,85 @@ class CudaEngine:
         self.warmed_with_detections = False  # the warm-up's second pass (outputs full of detections) ran
         self._synthetic: list[Any] | None = None  # the warm-up's outputs full of detections
         if warm_up:
-            self.warm_up()
+            try:
+                self.warm_up()
+            except InferenceError as exc:
+                if not (self.graph and cuda_graph == "auto"):
+                    raise
+                log.warning("cuda engine: running %s in a CUDA graph failed (%s); running it without one",
+                            info.path.name, str(exc)[:300])
+                self.close()
+                self._slots = queue.Queue()
+                self.graph = False
+                self._make_slots()
+                self.warm_up()
         log.info(
-            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s, batch %s",
+            "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s, batch %s, "
+            "CUDA graph %s",
             buffers, device_id, info.path.name, info.postprocess, self.conv_algo_search,
             f"fixed at {info.batch} ({self.fixed_dim})" if self.fixed_dim else "dynamic" if info.dynamic_batch else info.batch,
+            "on" if self.graph else "off",
         )  # fmt: skip
+
+    def _make_slots(self) -> None:
+        """`buffers` sessions, each with its own CUDA stream and IOBinding; with a CUDA graph (self.graph) each
+        slot's input buffer and outputs are bound once, at fixed addresses, as the graph's replay needs."""
+        cp, ort, info, device_id = self._cp, self._ort, self.info, self.device_id
+        with cp.cuda.Device(device_id):
+            for i in range(self.buffers):
+                stream = cp.cuda.Stream(non_blocking=True)
+                opts = {
+                    "device_id": str(device_id),
+                    "user_compute_stream": str(stream.ptr),
+                    "arena_extend_strategy": "kSameAsRequested",
+                    # measured on the H200 (bench/postprocess.py --provider-sweep): +10% for RetinaNet-v2 fp16
+                    "prefer_nhwc": "1",
+                    "cudnn_conv_algo_search": self._algo,
+                }
+                if self.graph:
+                    opts["enable_cuda_graph"] = "1"
+                opts.update(self._provider_options or {})
+                so = session_options()
+                if self.fixed_dim is not None:
+                    so.add_free_dimension_override_by_name(self.fixed_dim, info.batch)
+                try:
+                    sess = ort.InferenceSession(str(info.path), so, providers=[("CUDAExecutionProvider", opts)])
+                except Exception as exc:
+                    raise ModelError(f"model {info.path}: ONNX Runtime (CUDA) cannot load it: {str(exc)[:400]}") from exc
+                if "CUDAExecutionProvider" not in sess.get_providers():
+                    raise DeviceError(f"ONNX Runtime fell back to {sess.get_providers()} for {info.path}; check the CUDA install")
+                binding = sess.io_binding()
+                slot = _Slot(i, sess, binding, stream)
+                if self.graph:
+                    self._bind_fixed(slot)
+                else:
+                    for name in info.output_names:
+                        binding.bind_output(name, "cuda", device_id)  # no shape: ORT allocates per run
+                self._all.append(slot)
+                self._slots.put(slot)
+
+    def _bind_fixed(self, slot: _Slot) -> None:
+        """A CUDA-graph slot: the input bound to its full-batch buffer, each output to an OrtValue that ORT's
+        allocator made once at the head's fixed shape ([batch, anchors, classes] and [batch, anchors, 4]). ORT
+        captures the run's kernels on an early run and then replays them, reading and writing the same memory."""
+        cp, ort, info = self._cp, self._ort, self.info
+        head = info.head
+        assert head is not None
+        anchors = sum(head.level_sizes())
+        shapes = {head.cls: [info.batch, anchors, head.num_classes], head.reg: [info.batch, anchors, 4]}
+        slot.pad_buf = cp.zeros((info.batch, 3, info.height, info.width), dtype=self._dtype)
+        slot.binding.bind_input(info.input_name, "cuda", self.device_id, self._dtype, list(slot.pad_buf.shape),
+                                slot.pad_buf.data.ptr)  # fmt: skip
+        types = {o.name: o.type for o in slot.session.get_outputs()}
+        slot.outputs = []
+        for name in info.output_names:
+            dtype = _ORT_DTYPES.get(types.get(name, ""))
+            if dtype is None:
+                raise ModelError(f"model {info.path.name}: output {name} has type {types.get(name)}; a CUDA graph "
+                                 "needs float outputs (set cuda_graph = \"off\")")  # fmt: skip
+            ov = ort.OrtValue.ortvalue_from_shape_and_type(shapes[name], dtype, "cuda", self.device_id)
+            slot.binding.bind_ortvalue_output(name, ov)
+            slot.outputs.append(ov)
 
     def warm_up(self) -> None:
         """Run every batch size the run can meet (1..batch for a dynamic-batch model, else batch) once on every
@@ -257,7 +339,8 @@ class CudaEngine:
         if buf is None:
             buf = cp.zeros((info.batch, *x.shape[1:]), dtype=self._dtype)
             slot.pad_buf = buf
-        buf[:n] = x
+        if x.data.ptr != buf.data.ptr:
+            buf[:n] = x
         return buf
 
     def infer(self, batch: Batch) -> list[FrameResult]:
@@ -280,15 +363,18 @@ class CudaEngine:
                 slot.stream.wait_event(batch.ready)
             if x.dtype != self._dtype or not x.flags.c_contiguous:
                 x = cp.ascontiguousarray(x, dtype=self._dtype)
-            if info.dynamic_batch and self.pad_partial and n != info.batch:
+            if self.graph:  # input and outputs stay bound at fixed addresses (_bind_fixed)
                 x = self._padded(slot, x, n)
-            slot.binding.bind_input(
-                info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
-            )
-            # Bound again every run: after a run the binding holds that run's outputs, and ORT would
-            # take them as pre-allocated buffers of a fixed shape for the next one.
-            for name in info.output_names:
-                slot.binding.bind_output(name, "cuda", self.device_id)
+            else:
+                if info.dynamic_batch and self.pad_partial and n != info.batch:
+                    x = self._padded(slot, x, n)
+                slot.binding.bind_input(
+                    info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
+                )
+                # Bound again every run: after a run the binding holds that run's outputs, and ORT would
+                # take them as pre-allocated buffers of a fixed shape for the next one.
+                for name in info.output_names:
+                    slot.binding.bind_output(name, "cuda", self.device_id)
             try:
                 slot.session.run_with_iobinding(slot.binding)
             except Exception as exc:
@@ -296,17 +382,21 @@ class CudaEngine:
                     f"stream {batch.stream}: model {info.path.name} failed on frames "
                     f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
                 ) from exc
-            outs = [ortvalue_as_cupy(ov) for ov in slot.binding.get_outputs()]
+            outs = [ortvalue_as_cupy(ov) for ov in (slot.outputs if self.graph else slot.binding.get_outputs())]
             if synthetic:  # warm-up only: the code paths that run on detections (made once, copied per run)
                 if self._synthetic is None:
                     self._synthetic = synthetic_outputs(cp, outs, info.batch, self.post is not None)
                 outs = [a.copy() for a in self._synthetic]
-            if self.post is not None:
-                outs = list(self.post(outs[0], outs[1], n))
             sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))
-            bi = outs[3] if len(outs) > 3 else None
-            packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
-            host = download(packed, slot.stream)
+            if self.post is not None and self.packed_post:  # counted rows: no wait for the stream but two
+                packed = self.post.packed(outs[0], outs[1], n, sizes, (info.width, info.height))
+                host = unpack_counted(download(packed, slot.stream))
+            else:
+                if self.post is not None:
+                    outs = list(self.post(outs[0], outs[1], n))
+                bi = outs[3] if len(outs) > 3 else None
+                packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
+                host = download(packed, slot.stream)
             snaps = snapshot_rows(batch, x) if batch.snap_rows else None  # after the download's sync
             del outs, packed, x
         return split_results(batch.frames, host, snaps)

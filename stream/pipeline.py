@@ -121,7 +121,7 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
         from .infer_cuda import CudaEngine
 
         return CudaEngine(info, buffers=cfg.buffers, device_id=cfg.device_id, conv_algo_search=cfg.conv_algo_search,
-                          pad_partial=cfg.pad_partial)
+                          pad_partial=cfg.pad_partial, cuda_graph=cfg.cuda_graph)
     from .infer import CpuEngine
 
     return CpuEngine(info, threads=cfg.cpu_threads or None)

@@ -13,6 +13,12 @@ whole batch at once, on the device the outputs are on (CuPy on CUDA, numpy on th
    thread block per group);
 5. per image the `detections_per_img` best survivors, in score order.
 
+After step 1 no step removes rows: each marks them (top-k, NMS, the per-image cap) and sorts the ones that
+stay first, on arrays whose size the host knows (the survivors of step 1, at most images x levels x
+topk_candidates after step 2). `Postprocessor.packed`, the CUDA engine's form, then compacts the detections
+and maps them to source pixels in one kernel that also writes their count, so the host waits for the GPU twice
+a batch (step 1's count, the download) instead of once per data-sized step (seven before 2026-12-04 evening).
+
 Differences from torchvision, both at rounding level (the parity tests state the tolerance):
 - torchvision's `batched_nms` offsets boxes by label (the coordinate trick) when there are few boxes, which
   rounds the coordinates it compares; here each group is compared on its own, on the exact boxes;
@@ -33,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ModelError
+from .frames import map_rows
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,7 @@ def anchors(spec: HeadSpec) -> np.ndarray:
     return np.concatenate(out).astype(np.float32)
 
 
-# -- the two steps that differ per device ---------------------------------------------------------------------
+# -- the steps that differ per device ----------------------------------------------------------------------------
 class NumpyOps:
     """The CPU side: plain numpy."""
 
@@ -155,13 +162,16 @@ class NumpyOps:
         keep = scores > np.float32(thresh)
         return idx[keep], scores[keep]
 
-    def nms(self, boxes: np.ndarray, groups: np.ndarray, thresh: float) -> np.ndarray:
-        """boxes [K, 4] sorted by (group, -score): a bool mask of the boxes greedy NMS keeps, group by group."""
-        keep = np.ones(len(boxes), bool)
-        if len(boxes) == 0:
+    def nms(self, boxes: np.ndarray, gkey: np.ndarray, none: int, thresh: float) -> np.ndarray:
+        """boxes [K, 4] sorted by (gkey, -score), gkey ascending with `none` (rows not taking part) last: a bool
+        mask of the boxes greedy NMS keeps, group by group (False where gkey is `none`)."""
+        keep = gkey != none
+        m = int(np.count_nonzero(keep))  # a prefix: `none` sorts last
+        if m == 0:
             return keep
+        groups = gkey[:m]
         starts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
-        ends = np.r_[starts[1:], len(boxes)]
+        ends = np.r_[starts[1:], m]
         area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
         for s, e in zip(starts.tolist(), ends.tolist()):
             for i in range(s, e - 1):
@@ -177,6 +187,15 @@ class NumpyOps:
                 keep[i + 1 : e] &= ~(iou > np.float32(thresh))
         return keep
 
+    def pack(self, rows: Rows, sizes_wh: np.ndarray, model_wh: tuple[int, int], limit: int) -> np.ndarray:
+        """The rows `rows.final` marks (at most `limit`: what the batch can have), mapped to source pixels
+        (frames.map_rows), after a first row whose first column is their count: [1 + count, 7] float32."""
+        f = np.flatnonzero(rows.final)[:limit]
+        body = map_rows(np, rows.boxes[f], rows.scores[f], rows.labels[f], rows.image[f].astype(np.float32), sizes_wh, model_wh)
+        head = np.zeros((1, 7), np.float32)
+        head[0, 0] = len(f)
+        return np.concatenate([head, body])
+
 
 def _logit(p: float) -> float:
     p = min(max(p, 1e-12), 1 - 1e-7)
@@ -188,11 +207,27 @@ def _sigmoid(xp: Any, x: Any) -> Any:
     return one / (one + xp.exp(-x))
 
 
+@dataclass
+class Rows:
+    """A batch's candidates after NMS, before compaction: `final` marks the detections, in (image, -score)
+    order. Sized by what the host knows (the candidates over the threshold, at most images x levels x
+    topk_candidates), not by how many survive each step, so that no step after the score selection needs the
+    host to count (on CUDA each such step, a boolean index or a flatnonzero, is a wait for the stream)."""
+
+    boxes: Any  # [K, 4] float32, model-input pixels
+    scores: Any  # [K] float32
+    labels: Any  # [K] int64
+    image: Any  # [K] int64
+    final: Any  # [K] bool
+
+
 class Postprocessor:
     """Head outputs of a batch -> (boxes [N, 4], scores [N], labels [N], batch_index [N]) on the same device.
 
-    `ops` supplies `select` and `nms` (NumpyOps here, stream.postprocess_cuda.CupyOps on CUDA); everything
-    else is array code that runs on either. Thread-safe: a call only allocates its own arrays.
+    `ops` supplies `select`, `nms` and `pack` (NumpyOps here, stream.postprocess_cuda.CupyOps on CUDA);
+    everything else is array code that runs on either. Thread-safe: a call only allocates its own arrays.
+    `packed` gives the engine's download directly: on CUDA the host waits for the stream twice a batch, for
+    the number of scores over the threshold and for the download.
     """
 
     def __init__(self, spec: HeadSpec, ops: Any = None) -> None:
@@ -205,6 +240,24 @@ class Postprocessor:
         self.num_levels = len(spec.levels)
 
     def __call__(self, cls_logits: Any, bbox_regression: Any, valid: int) -> tuple[Any, Any, Any, Any]:
+        xp = self.xp
+        r = self.rows(cls_logits, bbox_regression, valid)
+        if r is None:
+            return xp.zeros((0, 4), xp.float32), xp.zeros((0,), xp.float32), xp.zeros((0,), xp.int64), xp.zeros((0,), xp.int64)
+        f = xp.flatnonzero(r.final)
+        return r.boxes[f], r.scores[f], r.labels[f], r.image[f]
+
+    def packed(self, cls_logits: Any, bbox_regression: Any, valid: int, sizes_wh: Any, model_wh: tuple[int, int]) -> Any:
+        """[1 + N, 7] float32: row 0 holds N (column 0), rows 1..N the detections mapped to source pixels as
+        frames.pack_detections maps them (x1 y1 x2 y2 score label batch_index). On CUDA rows past N may be
+        left unwritten: read the count first (frames.unpack_counted)."""
+        r = self.rows(cls_logits, bbox_regression, valid)
+        if r is None:
+            return self.xp.zeros((1, 7), self.xp.float32)
+        return self.ops.pack(r, sizes_wh, model_wh, valid * self.spec.detections_per_img)
+
+    def rows(self, cls_logits: Any, bbox_regression: Any, valid: int) -> Rows | None:
+        """The candidates of images 0..valid-1 and which of them are detections; None when no score passed."""
         xp, spec = self.xp, self.spec
         n_anchor, n_cls = int(cls_logits.shape[1]), int(cls_logits.shape[2])
         if n_anchor != int(self.anchors.shape[0]) or n_cls != spec.num_classes:
@@ -213,32 +266,43 @@ class Postprocessor:
                 f"[B, {int(self.anchors.shape[0])}, {spec.num_classes}]. Re-export the model."
             )
         logits = cls_logits[:valid]
-        idx, scores = self.ops.select(logits.reshape(-1), spec.score_thresh)
+        idx, scores = self.ops.select(logits.reshape(-1), spec.score_thresh)  # on CUDA: the one wait for a count
+        n = int(scores.shape[0])
+        if n == 0:
+            return None
         per_image = n_anchor * n_cls
         image = idx // per_image
         rem = idx - image * per_image
         anchor = rem // n_cls
         label = rem - anchor * n_cls
 
-        # 2. per (image, level): the topk_candidates best scores
+        # 2. per (image, level): the topk_candidates best scores (the others marked, not removed)
         level = xp.searchsorted(self.level_ends, anchor, side="right")
         segment = image * self.num_levels + level
-        top = _best_per_segment(xp, segment, scores, spec.topk_candidates)
-        image, anchor, label, scores = image[top], anchor[top], label[top], scores[top]
+        order = _argsort(xp, segment.astype(xp.float64) * 2.0 - scores.astype(xp.float64))
+        image, anchor, label, scores, segment = image[order], anchor[order], label[order], scores[order], segment[order]
+        in_top = _rank_in_run(xp, segment) < spec.topk_candidates
+
+        # 4 (its order first). NMS runs per (image, label), in score order: sort so, the candidates outside the
+        # top-k last, and keep as many rows as the top-k can hold at most (a size the host knows: no wait)
+        none = valid * n_cls
+        gkey = xp.where(in_top, image * n_cls + label, none)
+        cap = min(n, valid * self.num_levels * spec.topk_candidates)
+        order = _argsort(xp, gkey.astype(xp.float64) * 2.0 - scores.astype(xp.float64))[:cap]
+        image, anchor, label, scores, gkey = image[order], anchor[order], label[order], scores[order], gkey[order]
 
         # 3. decode and clip
         boxes = self._decode(bbox_regression[image, anchor], self.anchors[anchor])
 
-        # 4. NMS per (image, label), in score order
-        groups = image * n_cls + label
-        order = _argsort(xp, groups.astype(xp.float64) * 2.0 - scores.astype(xp.float64))
-        image, label, scores, boxes, groups = image[order], label[order], scores[order], boxes[order], groups[order]
-        kept = xp.flatnonzero(self.ops.nms(boxes, groups, spec.nms_thresh))
-        image, label, scores, boxes = image[kept], label[kept], scores[kept], boxes[kept]
+        # 4. greedy NMS per (image, label)
+        kept = self.ops.nms(boxes, gkey, none, spec.nms_thresh)
 
         # 5. per image: the detections_per_img best, by score
-        best = _best_per_segment(xp, image, scores, spec.detections_per_img)
-        return boxes[best], scores[best], label[best], image[best]
+        ikey = xp.where(kept, image, valid)
+        order = _argsort(xp, ikey.astype(xp.float64) * 2.0 - scores.astype(xp.float64))
+        ikey = ikey[order]
+        final = (ikey < valid) & (_rank_in_run(xp, ikey) < spec.detections_per_img)
+        return Rows(boxes[order], scores[order], label[order], image[order], final)
 
     def _decode(self, rel: Any, anc: Any) -> Any:
         xp, spec = self.xp, self.spec
@@ -265,16 +329,10 @@ class Postprocessor:
         return out
 
 
-def _best_per_segment(xp: Any, segment: Any, scores: Any, k: int) -> Any:
-    """Indices of the k best scores of each segment, ordered by (segment, -score)."""
-    n = int(scores.shape[0])
-    if n == 0:
-        return xp.zeros((0,), xp.int64)
-    order = _argsort(xp, segment.astype(xp.float64) * 2.0 - scores.astype(xp.float64))
-    seg_sorted = segment[order]
-    first = xp.searchsorted(seg_sorted, seg_sorted, side="left")
-    rank = xp.arange(n) - first
-    return order[rank < k]
+def _rank_in_run(xp: Any, key: Any) -> Any:
+    """For a sorted key: each element's position within its run of equal keys (0 for the first)."""
+    first = xp.searchsorted(key, key, side="left")
+    return xp.arange(int(key.shape[0])) - first
 
 
 def _argsort(xp: Any, key: Any) -> Any:

@@ -1,9 +1,12 @@
-"""The two CUDA kernels of the device post-processing (stream/postprocess.py): score selection and NMS.
+"""The CUDA kernels of the device post-processing (stream/postprocess.py): score selection, NMS and packing.
 
-Both run on the current CuPy stream (the inference slot's), so a batch's post-processing is ordered after
+All run on the current CuPy stream (the inference slot's), so a batch's post-processing is ordered after
 its ORT run without a device-wide sync. The host waits twice per batch on that stream: once for the number
-of scores above the threshold (to size the arrays), and for the final small download; the sizes of the
-later steps (`flatnonzero`) sync the stream too. Those waits are on one slot's stream: the other slots keep
+of scores above the threshold (to size the arrays), and for the final small download (the engine's
+`Postprocessor.packed`). Every step between works on arrays of the candidates' size with masks, and the
+pack kernel compacts the detections and writes their count, because each step whose size depends on the
+data (a boolean index, `flatnonzero`) is another wait for the stream, and under load another wait for the
+GIL after it: before 2026-12-04 (evening) a batch had seven. The waits are on one slot's stream: the other slots keep
 the GPU busy meanwhile.
 """
 
@@ -13,6 +16,8 @@ from typing import Any
 
 import cupy as cp
 import numpy as np
+
+from . import cuda_sources
 
 # sigmoid(x) > thresh, compacted with an atomic counter: idx/score in arbitrary order, sorted afterwards.
 _select = cp.ElementwiseKernel(
@@ -29,35 +34,8 @@ _select = cp.ElementwiseKernel(
     "stream_select_scores",
 )
 
-# Greedy NMS, one thread block per group of boxes (same image and label), boxes sorted by score within a
-# group: box i, if still kept, suppresses every later box j of its group with IoU > thresh. The loop over i
-# is sequential (a barrier each step), the loop over j is spread over the block's threads.
-_nms = cp.RawKernel(
-    r"""
-extern "C" __global__ void stream_nms_groups(
-    const float* boxes, const long long* starts, const long long* ends, const float thresh,
-    unsigned char* removed)
-{
-    const long long s = starts[blockIdx.x], e = ends[blockIdx.x];
-    for (long long i = s; i < e - 1; ++i) {
-        __syncthreads();
-        if (removed[i]) continue;  // every thread reads the same flag after the barrier
-        const float ax1 = boxes[4 * i], ay1 = boxes[4 * i + 1], ax2 = boxes[4 * i + 2], ay2 = boxes[4 * i + 3];
-        const float area_a = (ax2 - ax1) * (ay2 - ay1);
-        for (long long j = i + 1 + threadIdx.x; j < e; j += blockDim.x) {
-            if (removed[j]) continue;
-            const float bx1 = boxes[4 * j], by1 = boxes[4 * j + 1], bx2 = boxes[4 * j + 2], by2 = boxes[4 * j + 3];
-            const float w = fmaxf(fminf(ax2, bx2) - fmaxf(ax1, bx1), 0.0f);
-            const float h = fmaxf(fminf(ay2, by2) - fmaxf(ay1, by1), 0.0f);
-            const float inter = w * h;
-            const float area_b = (bx2 - bx1) * (by2 - by1);
-            if (inter / (area_a + area_b - inter) > thresh) removed[j] = 1;
-        }
-    }
-}
-""",
-    "stream_nms_groups",
-)
+_nms = cp.RawKernel(cuda_sources.NMS, "stream_nms_sorted")  # see cuda_sources.NMS
+_pack = cp.ElementwiseKernel(*cuda_sources.PACK, "stream_pack_detections")  # see cuda_sources.PACK
 
 NMS_THREADS = 128
 SELECT_CAP = 1 << 20  # survivors of the score threshold sized for at first; grown when a batch has more
@@ -84,13 +62,29 @@ class CupyOps:
         order = cp.argsort(idx[:n])  # the atomic counter leaves them in arbitrary order
         return idx[:n][order], scores[:n][order]
 
-    def nms(self, boxes: Any, groups: Any, thresh: float) -> Any:
+    def nms(self, boxes: Any, gkey: Any, none: int, thresh: float) -> Any:
+        """As NumpyOps.nms, without a wait for the stream: one block per row, the groups' first rows work."""
         n = int(boxes.shape[0])
         removed = cp.zeros(n, cp.uint8)
         if n == 0:
             return removed.astype(bool)
-        starts = cp.flatnonzero(cp.concatenate([cp.ones(1, bool), groups[1:] != groups[:-1]]))
-        ends = cp.concatenate([starts[1:], cp.full(1, n, cp.int64)])
-        blocks = int(starts.shape[0])
-        _nms((blocks,), (NMS_THREADS,), (cp.ascontiguousarray(boxes, cp.float32), starts, ends, np.float32(thresh), removed))
-        return removed == 0
+        gkey = cp.ascontiguousarray(gkey, cp.int64)
+        ends = cp.searchsorted(gkey, gkey, side="right").astype(cp.int64, copy=False)
+        _nms((n,), (NMS_THREADS,), (cp.ascontiguousarray(boxes, cp.float32), gkey, ends, np.int64(none),
+                                    np.float32(thresh), removed))  # fmt: skip
+        return (removed == 0) & (gkey != none)
+
+    def pack(self, rows: Any, sizes_wh: Any, model_wh: tuple[int, int], limit: int) -> Any:
+        """As NumpyOps.pack, without a wait for the stream: [1 + min(K, limit), 7] for K candidates, `limit`
+        the most detections the batch can have (the count itself is on the device); rows past the count are
+        left unwritten."""
+        n = int(rows.scores.shape[0])
+        pos = cp.cumsum(rows.final.astype(cp.int64))
+        out = cp.empty((1 + min(n, limit), 7), cp.float32)
+        out[0] = 0
+        _pack(cp.ascontiguousarray(rows.boxes, cp.float32).reshape(-1), cp.ascontiguousarray(rows.scores, cp.float32),
+              cp.ascontiguousarray(rows.labels, cp.int64), cp.ascontiguousarray(rows.image, cp.int64),
+              cp.ascontiguousarray(rows.final), pos, cp.ascontiguousarray(sizes_wh, cp.int64).reshape(-1),
+              np.float32(model_wh[0]), np.float32(model_wh[1]), np.int64(n), np.int64(limit), out.reshape(-1),
+              size=n)  # 1-D views: a raw n-d array's flat index is unravelled by its shape per access; fmt: skip
+        return out

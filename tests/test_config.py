@@ -159,6 +159,35 @@ def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> Non
 
 
 
+def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object) -> None:
+    """auto: a CUDA graph where ORT can replay one (a head model whose batch is fixed, by the session under
+    pad_partial or in the file); "on" where it cannot is a clear error naming the model and the way out;
+    "off" (the default) never; anything else is refused by the config, naming the key."""
+    from dataclasses import replace
+
+    from stream.errors import ModelError
+    from stream.infer_cuda import cuda_graph_choice
+    from stream.postprocess import HeadSpec, Level
+
+    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
+    head_dyn = replace(model_info, head=spec, dynamic_batch=True)  # type: ignore[type-var]
+    head_fixed = replace(model_info, head=spec, dynamic_batch=False)  # type: ignore[type-var]
+    graph_pp = replace(model_info, head=None)  # type: ignore[type-var]
+    assert cuda_graph_choice("auto", head_dyn, "batch") is True  # the session fixes the axis (pad_partial)
+    assert cuda_graph_choice("auto", head_fixed, None) is True
+    assert cuda_graph_choice("auto", head_dyn, None) is False  # pad_partial = false: shapes change
+    assert cuda_graph_choice("auto", graph_pp, None) is False
+    assert cuda_graph_choice("off", head_fixed, None) is False and cuda_graph_choice("on", head_fixed, None) is True
+    with pytest.raises(ModelError, match="--postprocess device"):
+        cuda_graph_choice("on", graph_pp, None)
+    with pytest.raises(ModelError, match="pad_partial"):
+        cuda_graph_choice("on", head_dyn, None)
+    assert config.load(None, {}).cuda_graph == "off"  # until measured end to end on the GPU host
+    assert config.load(None, {"cuda_graph": "auto"}).cuda_graph == "auto"
+    with pytest.raises(ConfigError, match="cuda_graph"):
+        config.load(None, {"cuda_graph": "yes"})
+
+
 def test_pad_partial_is_on_by_default_and_takes_booleans_only() -> None:
     assert config.load(None, {}).pad_partial is True
     assert config.load(None, {"pad_partial": False}).pad_partial is False

@@ -87,10 +87,41 @@ def run_head(engine: Any, x: np.ndarray) -> list[Any]:
     return outs
 
 
+def test_cupy_ops_on_crowded_synthetic_heads(tmp_path: Path) -> None:
+    """CuPy's kernels (selection, NMS over the masked candidates, the pack kernel) on the CPU test's crowded heads:
+    thousands of candidates, the per-level top-k cut and the per-image cap reached, an image with none; the same
+    detections as torchvision, and the counted rows equal pack_detections' at every batch size. No model needed:
+    the first GPU check of the kernels."""
+    pytest.importorskip("torch")
+    import cupy as cp
+
+    from stream.frames import pack_detections, unpack_counted
+    from stream.postprocess import Postprocessor
+    from stream.postprocess_cuda import CupyOps
+
+    from .test_postprocess import CROWDED, crowded_heads
+
+    cls, reg = crowded_heads()
+    post = Postprocessor(CROWDED, CupyOps())
+    ours = tuple(a.get() for a in post(cp.asarray(cls), cp.asarray(reg), 5))
+    r = assert_parity(ours, reference(CROWDED, cls, reg))
+    assert r["per_image"][2] == (0, 0) and r["total"] > 100
+    sizes = np.array([[1920, 1080], [640, 360], [1280, 720], [96, 64], [3840, 2160]], np.int64)
+    for n in range(1, 6):
+        dc, dr, ds = cp.asarray(cls), cp.asarray(reg), cp.asarray(sizes[:n])
+        want = pack_detections(cp, *post(dc, dr, n), ds, (96, 64), n).get()
+        got = post.packed(dc, dr, n, ds, (96, 64)).get()
+        assert int(got[0, 0]) == len(want)
+        np.testing.assert_array_equal(unpack_counted(got), want)
+    assert len(unpack_counted(post.packed(cp.full(cls.shape, -20.0, cp.float32), cp.asarray(reg), 5, cp.asarray(sizes),
+                                          (96, 64)).get())) == 0  # fmt: skip
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: np.ndarray, precision: str) -> None:
     import cupy as cp
 
+    from stream.frames import pack_detections, unpack_counted
     from stream.infer_cuda import CudaEngine
     from stream.model import load_info
 
@@ -106,6 +137,11 @@ def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: 
         assert cls.dtype == (cp.float16 if precision == "fp16" else cp.float32) and cls.shape[0] == n
         with engine._all[0].stream:
             ours = tuple(a.get() for a in engine.post(cls, reg, n))
+            # the engine's own form: counted rows, compacted by the pack kernel, equal to pack_detections' rows
+            sizes = cp.asarray(np.array([[1920, 1080]] * n, np.int64))
+            want = pack_detections(cp, *engine.post(cls, reg, n), sizes, (info.width, info.height), n).get()
+            got = unpack_counted(engine.post.packed(cls, reg, n, sizes, (info.width, info.height)).get())
+        np.testing.assert_array_equal(got, want)
         ref = reference(info.head, cls.get(), reg.get(), device="cuda")
         r = assert_parity(ours, ref)
         print(f"{precision} batch {n}: {r['total']} reference detections, {r['unmatched']} unmatched, {r['extra']} extra; per image {r['per_image']}")
@@ -203,7 +239,7 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
 
     info = load_info(r50["fp16"])
     # the same cuDNN search on both (auto would pick exhaustive for the fixed axis): only padding differs
-    padded = CudaEngine(info, buffers=1, conv_algo_search="heuristic")
+    padded = CudaEngine(info, buffers=1, conv_algo_search="heuristic", cuda_graph="off")
     own = CudaEngine(info, buffers=1, pad_partial=False, warm_up=False)
     assert padded.pad_partial and padded.warmed_sizes == tuple(range(1, 9))  # ORT itself ran batch 8 only
     assert padded.warmed_with_detections and padded.fixed_dim == "batch"  # the session fixes the axis at 8
@@ -216,3 +252,30 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
     padded.close()
     own.close()
     assert total > 0
+
+
+def test_cuda_graph_engine_gives_the_same_detections(r50: dict[str, Path], real_frames: np.ndarray) -> None:
+    """cuda_graph = "auto" (off by default) on a head model with the batch axis fixed (pad_partial): ORT replays each slot's run
+    as a CUDA graph, input and outputs bound once at fixed addresses. Its detections equal those of the same
+    engine without a graph, batch after batch, full and partial (padding rows left from fuller batches ignored),
+    on both slots; and only the packed detections cross to the host."""
+    from stream.infer_cuda import CudaEngine
+    from stream.model import load_info
+
+    info = load_info(r50["fp16"])
+    graphed = CudaEngine(info, buffers=2, conv_algo_search="heuristic", cuda_graph="auto")
+    plain = CudaEngine(info, buffers=1, conv_algo_search="heuristic", cuda_graph="off", warm_up=False)
+    assert graphed.graph and not plain.graph and graphed.warmed_with_detections
+    ptrs = [[ov.data_ptr() for ov in slot.outputs] for slot in graphed._all]
+    total = 0
+    for n in (8, 1, 5, 3, 8, 2, 8):  # more runs than slots: each slot replays its graph several times
+        for da, db in both(graphed, plain, real_frames, n):
+            total += len(db)
+            assert not unmatched(db, da, min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+            assert not unmatched(da, db, min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+    assert [[ov.data_ptr() for ov in slot.outputs] for slot in graphed._all] == ptrs  # the graph's memory
+    graphed.close()
+    plain.close()
+    assert total > 0
+    with pytest.raises(Exception, match="cuda_graph"):
+        CudaEngine(info, buffers=1, pad_partial=False, cuda_graph="on", warm_up=False)

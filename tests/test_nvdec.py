@@ -692,6 +692,41 @@ def test_nvdec_every_frame_in_order_and_rows_match_the_cpu_route(gpu_clips: dict
         assert not got["low"], "B-frames: NATIVE latency"
 
 
+@pytest.mark.parametrize("size", [(1920, 1080), (640, 360), (322, 182)])
+@pytest.mark.parametrize("dtype, normalized", [("float16", False), ("float32", True), ("float16", True)])
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
+def test_fused_row_kernel_equals_the_array_code(model_info: Any, size: tuple[int, int], dtype: str, normalized: bool) -> None:
+    """nv12_to_row's one-kernel CuPy form against its array code (fused=False, CuPy) and numpy, on random NV12
+    planes: the same taps and weights, so within float rounding (the kernel may fuse multiply-adds), with
+    tagged BT.709 full range and centred chroma too, in the model's dtype."""
+    from dataclasses import replace
+
+    import cupy as cp
+
+    from stream.decode_nvdec import nv12_to_row
+
+    w, h = size
+    info = replace(model_info, dtype=dtype, **({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)} if normalized else {}))
+    rng = np.random.default_rng(w)
+    y = rng.integers(0, 256, (h, w), dtype=np.uint8)
+    uv = rng.integers(0, 256, (h // 2, w), dtype=np.uint8)
+    tol = 2e-3 if dtype == "float16" else 2e-5
+    for tags in ({}, {"colorspace": 1, "full_range": True, "siting": "center"}):
+        rows = {}
+        for name, fused in (("fused", True), ("array", False)):
+            out = cp.full((3, info.height, info.width), -7.0, dtype=dtype)
+            nv12_to_row(cp, cp.asarray(y), cp.asarray(uv), out, info, fused=fused, **tags)
+            rows[name] = out.get().astype(np.float32)
+        host = np.zeros((3, info.height, info.width), dtype)
+        nv12_to_row(np, y, uv, host, info, **tags)
+        assert (rows["fused"] != -7.0).all(), "pixels left unwritten"
+        np.testing.assert_allclose(rows["fused"], rows["array"], rtol=0, atol=tol * max(1.0, float(np.abs(rows["array"]).max())))
+        np.testing.assert_allclose(rows["fused"], host.astype(np.float32), rtol=0, atol=tol * max(1.0, float(np.abs(host).max())))
+        same = float((rows["fused"] == rows["array"]).mean())
+        print(f"{w}x{h} {dtype} {'normalized' if normalized else 'plain'} {tags or 'untagged'}: {same:.4f} of values identical")
+
+
 @pytest.mark.parametrize("clip, sizes", [("shrink", [(320, 240)] * 10 + [(160, 96)] * 8),
                                          ("grow", [(160, 96)] * 8 + [(320, 240)] * 10)])  # fmt: skip
 @pytest.mark.gpu

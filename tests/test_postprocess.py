@@ -106,6 +106,39 @@ def test_crowded_synthetic_heads_equal_torchvision() -> None:
     assert all(n == spec.detections_per_img for n, _ in np.array(r["per_image"])[[0, 1, 3, 4]].tolist())
 
 
+CROWDED = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), topk_candidates=50, detections_per_img=40,
+                   score_thresh=0.2, levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),
+                                             Level((4, 6), (16, 16), (32.0,), (0.5, 1.0, 2.0, 4.0, 0.25, 1.5))))  # fmt: skip
+
+
+def crowded_heads(seed: int = 0, images: int = 5) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    a = anchors(CROWDED).shape[0]
+    cls = rng.normal(0, 1.5, (images, a, 3)).astype(np.float32)
+    reg = rng.normal(0, 0.4, (images, a, 4)).astype(np.float32)
+    cls[2] = -20.0  # an image with no score above the threshold
+    return cls, reg
+
+
+def test_packed_rows_equal_pack_detections_of_the_detections() -> None:
+    """Postprocessor.packed (the CUDA engine's one download: a count, then the rows) holds exactly the rows
+    frames.pack_detections makes of the detections __call__ returns, in the same order, at every batch size,
+    with the detections_per_img cap reached and an image without detections; nothing at all gives a count of 0."""
+    from stream.frames import pack_detections, unpack_counted
+
+    cls, reg = crowded_heads()
+    sizes = np.array([[1920, 1080], [640, 360], [1280, 720], [96, 64], [3840, 2160]], np.int64)
+    post = Postprocessor(CROWDED)
+    for n in range(1, 6):
+        want = pack_detections(np, *post(cls, reg, n), sizes[:n], (96, 64), n)
+        got = post.packed(cls, reg, n, sizes[:n], (96, 64))
+        assert got.shape[1] == 7 and int(got[0, 0]) == len(want)
+        np.testing.assert_array_equal(unpack_counted(got), want)
+    assert n == 5 and len(want) == 4 * CROWDED.detections_per_img  # capped on four images, none on the third
+    blank = np.full_like(cls, -20.0)
+    assert len(unpack_counted(post.packed(blank, reg, 5, sizes, (96, 64)))) == 0
+
+
 def test_warm_up_outputs_are_full_of_detections() -> None:
     """The CUDA engine's warm-up replaces a blank batch's outputs with stream.infer_cuda.synthetic_outputs, so
     that the code that runs only on detections (top-k, NMS, packing) compiles its kernels at start. Checked here
