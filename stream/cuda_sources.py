@@ -6,6 +6,45 @@ against the numpy code it stands for (indexing and arithmetic; not concurrency, 
 An ElementwiseKernel is (input parameters, output parameters, body): the body runs once per element `i`.
 """
 
+# sigmoid(x) > thresh, compacted with an atomic counter: idx/score in arbitrary order (sorted afterwards); `x` is
+# the elementwise input (the flat logits), the outputs are raw: at most `cap` written, `count` may pass it.
+SELECT = (
+    "T x, float32 thresh, int64 cap",
+    "raw int32 count, raw int64 out_idx, raw float32 out_score",
+    """
+    float v = (float)x;
+    float s = 1.0f / (1.0f + expf(-v));
+    if (s > thresh) {
+        int p = atomicAdd(&count[0], 1);
+        if (p < cap) { out_idx[p] = i; out_score[p] = s; }
+    }
+    """,
+)
+
+# Box decoding (torchvision's BoxCoder.decode_single with its weights and dw/dh clamp) and the clip to the model
+# input, for candidate i: its regression row reg[image[i], anchor[i]] (T: the model's float type) against
+# anchors[anchor[i]]; the same arithmetic, in the same order, as stream.postprocess.decode_boxes.
+DECODE = (
+    "raw T reg, raw int64 image, raw int64 anchor, raw float32 anchors, int64 n_anchor, float32 wx, float32 wy, "
+    "float32 ww, float32 wh, float32 clip, float32 img_w, float32 img_h",
+    "raw float32 out",
+    """
+    const long long r = (image[i] * n_anchor + anchor[i]) * 4;
+    const long long a = anchor[i] * 4;
+    const float rx = (float)reg[r], ry = (float)reg[r + 1], rw = (float)reg[r + 2], rh = (float)reg[r + 3];
+    const float widths = anchors[a + 2] - anchors[a], heights = anchors[a + 3] - anchors[a + 1];
+    const float ctr_x = anchors[a] + 0.5f * widths, ctr_y = anchors[a + 1] + 0.5f * heights;
+    const float dx = rx / wx, dy = ry / wy;
+    const float dw = fminf(rw / ww, clip), dh = fminf(rh / wh, clip);
+    const float pcx = dx * widths + ctr_x, pcy = dy * heights + ctr_y;
+    const float half_w = 0.5f * (expf(dw) * widths), half_h = 0.5f * (expf(dh) * heights);
+    out[4 * i + 0] = fminf(fmaxf(pcx - half_w, 0.0f), img_w);
+    out[4 * i + 1] = fminf(fmaxf(pcy - half_h, 0.0f), img_h);
+    out[4 * i + 2] = fminf(fmaxf(pcx + half_w, 0.0f), img_w);
+    out[4 * i + 3] = fminf(fmaxf(pcy + half_h, 0.0f), img_h);
+    """,
+)
+
 # Greedy NMS over boxes sorted by (group key, -score), the key ascending and `none` (rows not taking part)
 # last: one thread block per position, of which those that start a group do the work: box i, if still
 # kept, suppresses every later box j of its group with IoU > thresh. The loop over i is sequential (a barrier

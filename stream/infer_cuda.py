@@ -28,7 +28,7 @@ Decision record:
   EXHAUSTIVE) and EXHAUSTIVE for fixed-batch ones, which see one shape. Either way every slot runs every
   batch size it can meet once at start (`warm_up`), so no frame of the run pays for a first shape.
 - Models exported with `--postprocess device` end at the head: the slot runs stream.postprocess (CuPy and
-  three kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
+  four kernels, stream/postprocess_cuda.py) on the head outputs in place, on its own stream, for the whole
   batch (`Postprocessor.packed`: the host waits for the stream twice a batch, for the number of scores over
   the threshold and for the download); their batch axis is dynamic, so without `pad_partial` a partial
   batch runs at its own size.

@@ -187,6 +187,10 @@ class NumpyOps:
                 keep[i + 1 : e] &= ~(iou > np.float32(thresh))
         return keep
 
+    def decode(self, reg: np.ndarray, image: np.ndarray, anchor: np.ndarray, anchors: np.ndarray, spec: HeadSpec) -> np.ndarray:
+        """The candidates' boxes: regression rows reg[image, anchor] against anchors[anchor] (decode_boxes)."""
+        return decode_boxes(np, reg[image, anchor], anchors[anchor], spec)
+
     def pack(self, rows: Rows, sizes_wh: np.ndarray, model_wh: tuple[int, int], limit: int) -> np.ndarray:
         """The rows `rows.final` marks (at most `limit`: what the batch can have), mapped to source pixels
         (frames.map_rows), after a first row whose first column is their count: [1 + count, 7] float32."""
@@ -224,7 +228,7 @@ class Rows:
 class Postprocessor:
     """Head outputs of a batch -> (boxes [N, 4], scores [N], labels [N], batch_index [N]) on the same device.
 
-    `ops` supplies `select`, `nms` and `pack` (NumpyOps here, stream.postprocess_cuda.CupyOps on CUDA);
+    `ops` supplies `select`, `decode`, `nms` and `pack` (NumpyOps here, stream.postprocess_cuda.CupyOps on CUDA);
     everything else is array code that runs on either. Thread-safe: a call only allocates its own arrays.
     `packed` gives the engine's download directly: on CUDA the host waits for the stream twice a batch, for
     the number of scores over the threshold and for the download.
@@ -292,7 +296,7 @@ class Postprocessor:
         image, anchor, label, scores, gkey = image[order], anchor[order], label[order], scores[order], gkey[order]
 
         # 3. decode and clip
-        boxes = self._decode(bbox_regression[image, anchor], self.anchors[anchor])
+        boxes = self.ops.decode(bbox_regression, image, anchor, self.anchors, spec)
 
         # 4. greedy NMS per (image, label)
         kept = self.ops.nms(boxes, gkey, none, spec.nms_thresh)
@@ -304,29 +308,31 @@ class Postprocessor:
         final = (ikey < valid) & (_rank_in_run(xp, ikey) < spec.detections_per_img)
         return Rows(boxes[order], scores[order], label[order], image[order], final)
 
-    def _decode(self, rel: Any, anc: Any) -> Any:
-        xp, spec = self.xp, self.spec
-        rel = rel.astype(xp.float32)
-        wx, wy, ww, wh = (xp.float32(w) for w in spec.box_weights)
-        widths = anc[:, 2] - anc[:, 0]
-        heights = anc[:, 3] - anc[:, 1]
-        ctr_x = anc[:, 0] + xp.float32(0.5) * widths
-        ctr_y = anc[:, 1] + xp.float32(0.5) * heights
-        clip = xp.float32(spec.bbox_xform_clip)
-        dx, dy = rel[:, 0] / wx, rel[:, 1] / wy
-        dw = xp.minimum(rel[:, 2] / ww, clip)
-        dh = xp.minimum(rel[:, 3] / wh, clip)
-        pcx = dx * widths + ctr_x
-        pcy = dy * heights + ctr_y
-        half_w = xp.float32(0.5) * (xp.exp(dw) * widths)
-        half_h = xp.float32(0.5) * (xp.exp(dh) * heights)
-        h, w = spec.image_size
-        out = xp.empty((int(rel.shape[0]), 4), xp.float32)
-        out[:, 0] = xp.clip(pcx - half_w, 0, w)
-        out[:, 1] = xp.clip(pcy - half_h, 0, h)
-        out[:, 2] = xp.clip(pcx + half_w, 0, w)
-        out[:, 3] = xp.clip(pcy + half_h, 0, h)
-        return out
+
+def decode_boxes(xp: Any, rel: Any, anc: Any, spec: HeadSpec) -> Any:
+    """Boxes [K, 4] float32 from regression rows `rel` [K, 4] against anchors `anc` [K, 4] (torchvision's BoxCoder
+    with the head's weights, dw/dh clamped at bbox_xform_clip), clipped to the model input."""
+    rel = rel.astype(xp.float32)
+    wx, wy, ww, wh = (xp.float32(w) for w in spec.box_weights)
+    widths = anc[:, 2] - anc[:, 0]
+    heights = anc[:, 3] - anc[:, 1]
+    ctr_x = anc[:, 0] + xp.float32(0.5) * widths
+    ctr_y = anc[:, 1] + xp.float32(0.5) * heights
+    clip = xp.float32(spec.bbox_xform_clip)
+    dx, dy = rel[:, 0] / wx, rel[:, 1] / wy
+    dw = xp.minimum(rel[:, 2] / ww, clip)
+    dh = xp.minimum(rel[:, 3] / wh, clip)
+    pcx = dx * widths + ctr_x
+    pcy = dy * heights + ctr_y
+    half_w = xp.float32(0.5) * (xp.exp(dw) * widths)
+    half_h = xp.float32(0.5) * (xp.exp(dh) * heights)
+    h, w = spec.image_size
+    out = xp.empty((int(rel.shape[0]), 4), xp.float32)
+    out[:, 0] = xp.clip(pcx - half_w, 0, w)
+    out[:, 1] = xp.clip(pcy - half_h, 0, h)
+    out[:, 2] = xp.clip(pcx + half_w, 0, w)
+    out[:, 3] = xp.clip(pcy + half_h, 0, h)
+    return out
 
 
 def _rank_in_run(xp: Any, key: Any) -> Any:

@@ -1,4 +1,5 @@
-"""The CUDA kernels of the device post-processing (stream/postprocess.py): score selection, NMS and packing.
+"""The CUDA kernels of the device post-processing (stream/postprocess.py): score selection, box decoding, NMS and
+packing (their sources: stream/cuda_sources.py).
 
 All run on the current CuPy stream (the inference slot's), so a batch's post-processing is ordered after
 its ORT run without a device-wide sync. The host waits twice per batch on that stream: once for the number
@@ -19,21 +20,8 @@ import numpy as np
 
 from . import cuda_sources
 
-# sigmoid(x) > thresh, compacted with an atomic counter: idx/score in arbitrary order, sorted afterwards.
-_select = cp.ElementwiseKernel(
-    "T x, float32 thresh, int64 cap",
-    "raw int32 count, raw int64 out_idx, raw float32 out_score",
-    """
-    float v = (float)x;
-    float s = 1.0f / (1.0f + expf(-v));
-    if (s > thresh) {
-        int p = atomicAdd(&count[0], 1);
-        if (p < cap) { out_idx[p] = i; out_score[p] = s; }
-    }
-    """,
-    "stream_select_scores",
-)
-
+_select = cp.ElementwiseKernel(*cuda_sources.SELECT, "stream_select_scores")  # see cuda_sources.SELECT
+_decode = cp.ElementwiseKernel(*cuda_sources.DECODE, "stream_decode_boxes")  # see cuda_sources.DECODE
 _nms = cp.RawKernel(cuda_sources.NMS, "stream_nms_sorted")  # see cuda_sources.NMS
 _pack = cp.ElementwiseKernel(*cuda_sources.PACK, "stream_pack_detections")  # see cuda_sources.PACK
 
@@ -61,6 +49,19 @@ class CupyOps:
             self.cap = max(self.cap, 1 << int(n - 1).bit_length())  # rare: a threshold near 0; grow and redo
         order = cp.argsort(idx[:n])  # the atomic counter leaves them in arbitrary order
         return idx[:n][order], scores[:n][order]
+
+    def decode(self, reg: Any, image: Any, anchor: Any, anchors: Any, spec: Any) -> Any:
+        """As NumpyOps.decode, in one kernel (the gather of the candidates' rows included)."""
+        k = int(image.shape[0])
+        out = cp.empty((k, 4), cp.float32)
+        if k == 0:
+            return out
+        wx, wy, ww, wh = (np.float32(w) for w in spec.box_weights)
+        h, w = spec.image_size
+        _decode(cp.ascontiguousarray(reg).reshape(-1), cp.ascontiguousarray(image, cp.int64),
+                cp.ascontiguousarray(anchor, cp.int64), anchors.reshape(-1), np.int64(reg.shape[1]), wx, wy, ww, wh,
+                np.float32(spec.bbox_xform_clip), np.float32(w), np.float32(h), out.reshape(-1), size=k)  # fmt: skip
+        return out
 
     def nms(self, boxes: Any, gkey: Any, none: int, thresh: float) -> Any:
         """As NumpyOps.nms, without a wait for the stream: one block per row, the groups' first rows work."""

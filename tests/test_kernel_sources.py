@@ -1,5 +1,6 @@
-"""The project's CUDA kernels (stream/cuda_sources.py), compiled as C++ on the CPU and checked against the numpy
-code they stand for: their indexing and arithmetic, on every machine, including those without a GPU.
+"""The project's five CUDA kernels (stream/cuda_sources.py: score selection, box decoding, NMS, packing, NV12
+rows), compiled as C++ on the CPU and checked against the numpy code they stand for: their indexing and
+arithmetic, on every machine, including those without a GPU.
 
 Each ElementwiseKernel body runs in a plain loop over `i`; the NMS RawKernel runs one block after another with one
 thread a block (blockDim.x = 1), so its barriers are trivially kept: what the threads of a block do together,
@@ -31,26 +32,34 @@ struct Dim3 { long long x; };
 static Dim3 blockIdx, threadIdx, blockDim;
 #define __global__
 #define __syncthreads()
+static int atomicAdd(int* p, int v) { int old = *p; *p += v; return old; }  // one thread at a time here
 """
 
 
-def c_params(spec: str, placeholders: dict[str, str]) -> str:
-    """ElementwiseKernel parameters ("raw float32 x, int64 n") as C++ ones: raw arrays as pointers."""
-    out = []
+def c_params(spec: str, placeholders: dict[str, str], arrays: set[str]) -> tuple[str, str]:
+    """ElementwiseKernel parameters ("raw float32 x, int64 n") as C++ ones: raw arrays as pointers, scalars as
+    values; `arrays`: the non-raw array parameters, passed as pointers and read at `i` before the body."""
+    out, reads = [], ""
     for p in spec.split(","):
         words = p.split()
         raw = words[0] == "raw"
         ctype, name = words[-2], words[-1]
         ctype = placeholders.get(ctype) or C_TYPES[ctype]
-        out.append(f"{ctype}* {name}" if raw else f"{ctype} {name}")
-    return ", ".join(out)
+        if name in arrays:
+            out.append(f"const {ctype}* {name}_at")
+            reads += f"    const {ctype} {name} = {name}_at[i];\n"
+        else:
+            out.append(f"{ctype}* {name}" if raw else f"{ctype} {name}")
+    return ", ".join(out), reads
 
 
-def elementwise(kernel: tuple[str, str, str], name: str, placeholders: dict[str, str]) -> str:
+def elementwise(kernel: tuple[str, str, str], name: str, placeholders: dict[str, str], arrays: tuple[str, ...] = ()) -> str:
     ins, outs, body = kernel
     types = "".join(f"typedef {c} {t};\n" for t, c in placeholders.items())
-    return (f"{types}extern \"C\" void {name}({c_params(ins, placeholders)}, {c_params(outs, placeholders)}, long long size)"
-            f" {{\n  for (long long i = 0; i < size; ++i) {{\n{body}\n  }}\n}}\n")  # fmt: skip
+    pin, reads = c_params(ins, placeholders, set(arrays))
+    pout, _ = c_params(outs, placeholders, set())
+    return (f"namespace {name}_ns {{\n{types}extern \"C\" void {name}({pin}, {pout}, long long size)"
+            f" {{\n  for (long long i = 0; i < size; ++i) {{\n{reads}{body}\n  }}\n}}\n}}\n")  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +72,9 @@ extern "C" void run_nms(const float* boxes, const long long* gkey, const long lo
 }
 """
     src += elementwise(cuda_sources.PACK, "run_pack", {})
-    src += "namespace row {\n" + elementwise(cuda_sources.ROW, "run_row", {"I": "long long", "O": "float"}) + "}\n"
+    src += elementwise(cuda_sources.ROW, "run_row", {"I": "long long", "O": "float"})
+    src += elementwise(cuda_sources.SELECT, "run_select", {"T": "float"}, arrays=("x",))
+    src += elementwise(cuda_sources.DECODE, "run_decode", {"T": "float"})
     d = tmp_path_factory.mktemp("kernels")
     (d / "k.cpp").write_text(src)
     subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")], check=True,
@@ -157,6 +168,54 @@ def test_row_kernel_equals_numpy(lib: Any, model_info: Any, normalized: bool, ta
     np.testing.assert_allclose(out.reshape(3, h, w), want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
 
 
+def test_select_kernel_equals_numpy(lib: Any) -> None:
+    """The score selection: every logit whose sigmoid passes the threshold, once, with its score; the count
+    passes the cap when more pass than fit (the caller grows the cap and runs again)."""
+    rng = np.random.default_rng(4)
+    flat = rng.normal(-2.0, 1.5, 50_000).astype(np.float32)
+    want_idx, want_scores = NumpyOps().select(flat, 0.3)
+    for cap in (200_000, 100):
+        count = np.zeros(1, np.int32)
+        idx = np.full(cap, -1, np.int64)
+        scores = np.zeros(cap, np.float32)
+        lib.run_select(ptr(flat), ctypes.c_float(0.3), ctypes.c_longlong(cap), ptr(count), ptr(idx), ptr(scores),
+                       ctypes.c_longlong(len(flat)))  # fmt: skip
+        assert int(count[0]) == len(want_idx) > 1000
+        m = min(cap, len(want_idx))
+        order = np.argsort(idx[:m])
+        if cap > len(want_idx):
+            np.testing.assert_array_equal(idx[:m][order], want_idx)
+            np.testing.assert_allclose(scores[:m][order], want_scores, rtol=1e-6)
+        else:
+            assert (idx[:m] >= 0).all() and np.isin(idx[:m], want_idx).all()
+
+
+@pytest.mark.parametrize("weights", [(1.0, 1.0, 1.0, 1.0), (10.0, 10.0, 5.0, 5.0)])
+def test_decode_kernel_equals_numpy(lib: Any, weights: tuple[float, ...]) -> None:
+    """Box decoding with the gather of the candidates' regression rows: the same boxes as decode_boxes, with
+    large dw/dh (clamped) and boxes past the image (clipped)."""
+    from stream.postprocess import HeadSpec, Level, anchors
+
+    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), box_weights=weights,  # type: ignore[arg-type]
+                    levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),))  # fmt: skip
+    anc = np.ascontiguousarray(anchors(spec))
+    rng = np.random.default_rng(5)
+    b, a, k = 3, anc.shape[0], 500
+    reg = rng.normal(0, 1.0, (b, a, 4)).astype(np.float32)
+    reg[0, :20, 2:] = 9.0  # exp() past bbox_xform_clip: clamped
+    image = rng.integers(0, b, k).astype(np.int64)
+    anchor = rng.integers(0, a, k).astype(np.int64)
+    image[:20], anchor[:20] = 0, np.arange(20)
+    out = np.full((k, 4), np.nan, np.float32)
+    wx, wy, ww, wh = weights
+    lib.run_decode(ptr(reg), ptr(image), ptr(anchor), ptr(anc), ctypes.c_longlong(a), ctypes.c_float(wx),
+                   ctypes.c_float(wy), ctypes.c_float(ww), ctypes.c_float(wh), ctypes.c_float(spec.bbox_xform_clip),
+                   ctypes.c_float(96), ctypes.c_float(64), ptr(out), ctypes.c_longlong(k))  # fmt: skip
+    want = NumpyOps().decode(reg, image, anchor, anc, spec)
+    assert ((want == 0) | (want == 96) | (want == 64)).any() and not np.isnan(out).any()
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
+
+
 def test_the_harness_can_fail(lib: Any) -> None:
     """A wrong result is seen: the NMS kernel at a threshold of 1.0 suppresses nothing, unlike numpy's at 0.5."""
     rng = np.random.default_rng(9)
@@ -171,4 +230,5 @@ def test_the_harness_can_fail(lib: Any) -> None:
 def test_sources_name_what_the_cuda_modules_build() -> None:
     text = Path(cuda_sources.__file__).read_text()
     assert "stream_nms_sorted" in cuda_sources.NMS and "extern \"C\" __global__" in cuda_sources.NMS
-    assert all(len(k) == 3 for k in (cuda_sources.PACK, cuda_sources.ROW)) and "ROW = (" in text
+    assert all(len(k) == 3 for k in (cuda_sources.SELECT, cuda_sources.DECODE, cuda_sources.PACK, cuda_sources.ROW))
+    assert "ROW = (" in text
