@@ -14,8 +14,8 @@ the daemon does (a real Publisher on 127.0.0.1, with Metrics and its HTTP server
 process, which adds `received` (its receive time); `--sink null` (the default) publishes nowhere.
 `--warm-file V` first runs a file through the Runner, as bench/latency.py warms its daemon up. `--no-lead`
 drops live frames by their age at the take alone (LEAD_CAP 0: the batcher before 2026-12-04).
-`--old-post` runs a head model's post-processing as __call__ + pack_detections (four waits for the stream a
-batch, against two; until the evening of 2026-12-04 it was seven), `--composed-rows` the live NVDEC rows' colour conversion as CuPy array code (about 15
+`--old-post` runs a head model's post-processing as __call__ + pack_detections (seven waits for the stream a
+batch, against two; until the evening of 2026-12-04 it was ten), `--composed-rows` the live NVDEC rows' colour conversion as CuPy array code (about 15
 calls a frame) instead of its one kernel: each against the default in the same session. `--set cuda_graph=auto`
 runs the sessions as CUDA graphs (off by default). Printed per point: the share of the window the inference workers spent
 in a run (from the take to the results), runs a second and the time of a run.
@@ -454,7 +454,7 @@ def main() -> int:
                     help="intra-op threads of the CUDA sessions, with spinning off (ORT's default: one per core, "
                          "spinning): whether ORT's idle threads crowd the readers and the engine thread out")
     ap.add_argument("--old-post", action="store_true",
-                    help="head models: post-process with __call__ + pack_detections (four waits a batch, not two)")
+                    help="head models: post-process with __call__ + pack_detections (seven waits a batch, not two)")
     ap.add_argument("--composed-rows", action="store_true",
                     help="live NVDEC rows: nv12_to_row's CuPy array code instead of its one kernel")
     args = ap.parse_args()
@@ -472,7 +472,7 @@ def main() -> int:
     STACKS["on"] = args.stacks
     OPTS["old_post"] = args.old_post
     if args.old_post:
-        print("engine: head post-processing as __call__ and pack_detections (four waits for the stream a batch)")
+        print("engine: head post-processing as __call__ and pack_detections (seven waits for the stream a batch)")
     if args.composed_rows:
         from stream import decode_nvdec
 

@@ -207,7 +207,7 @@ class CudaEngine:
         self._make_slots()
         self.post = None
         # head models: Postprocessor.packed (two waits for the stream a batch); False: its __call__ and
-        # pack_detections (four: __call__'s compaction and pack_detections' mask), bench/live_stages.py --old-post
+        # pack_detections (seven: __call__'s compaction, pack_detections' four boolean masks), live_stages.py --old-post
         self.packed_post = True
         if info.head is not None:
             from .postprocess import Postprocessor

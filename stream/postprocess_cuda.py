@@ -4,11 +4,11 @@ packing (their sources: stream/cuda_sources.py).
 All run on the current CuPy stream (the inference slot's), so a batch's post-processing is ordered after
 its ORT run without a device-wide sync. The host waits twice per batch on that stream: once for the number
 of scores above the threshold (to size the arrays), and for the final small download (the engine's
-`Postprocessor.packed`). Every step between works on arrays of the candidates' size with masks, and the
+`Postprocessor.packed`). Every step between works on arrays of sizes the host knows, with masks, and the
 pack kernel compacts the detections and writes their count, because each step whose size depends on the
 data (a boolean index, `flatnonzero`) is another wait for the stream, and under load another wait for the
-GIL after it: before 2026-12-04 (evening) a batch had seven. The waits are on one slot's stream: the other slots keep
-the GPU busy meanwhile.
+GIL after it: before the evening of 2026-12-04 a batch had ten (four of them pack_detections' boolean
+masks). The waits are on one slot's stream: the other slots keep the GPU busy meanwhile.
 """
 
 from __future__ import annotations
