@@ -369,7 +369,8 @@ dec04e() {
 
 pending1() {
   # Written 2026-12-04 late, when no GPU machine was lent: run pending1-3 first in the next GPU session. The models; the new kernels checked first (nv12_to_row in one kernel,
-  # the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine), then #5's
+  # the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine); the post-processing
+  # before (bbda3b5) and after, side by side, with 0/8/16 Python threads busy (bench/post_forms.py); then #5's
   # bench/postprocess.py, device b8 fp16 without CUDA graphs (the default) and with them, in one run
   check
   export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
@@ -378,6 +379,8 @@ pending1() {
   STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
     tests/test_gpu_postprocess.py "tests/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
     | grep -v "W:onnx" > "$OUT/pytest-gpu-new.txt"; grep -E "passed|failed|^FAILED|^E  |identical|batch [0-9]+:" "$OUT/pytest-gpu-new.txt" | tail -24
+  timeout 90 python3 bench/post_forms.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --busy 0 8 16 2>&1 | grep -v "W:onnx" | tee "$OUT/post-forms.txt" | tail -6
   mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
   timeout 220 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
     --seconds 4 --infer-seconds 2 --ceiling-batches 6 --compare-cuda-graph --json "$OUT/postprocess-graph.json" 2>&1 \
