@@ -33,6 +33,23 @@ from stream.infer import cuda_unavailable_reason; print("cuda path:", cuda_unava
 EOF
 }
 
+prep_models() {
+  # the three models the later targets use (device b8 fp16/fp32, graph b1 fp32: the naive loop's) and the 1080p video
+  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
+  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
+  wait
+}
+
+pp8() {
+  # #5's bench/postprocess.py on 8 file streams (device b8 fp16 against graph b1 fp32 and the naive loop, one run):
+  # $1 names the output files postprocess-$1.*, $2 the timeout in s, the rest goes to postprocess.py
+  local name=$1 limit=$2; shift 2
+  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
+  timeout "$limit" python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
+    --seconds 4 --infer-seconds 2 --ceiling-batches 6 "$@" --json "$OUT/postprocess-$name.json" 2>&1 \
+    | grep -v "W:onnx" > "$OUT/postprocess-$name.txt"; tail -11 "$OUT/postprocess-$name.txt"
+}
+
 export_models() {
   # The full model at 800x800, exported in parallel (about a minute in all on the host):
   # graph post-processing at batch 1 and 8, fp32 and fp16 (batch 1 fp32 is also the naive loop's model), and
@@ -303,9 +320,7 @@ live5() {
 recheck() {
   # 2026-12-04, third call: the CuPy-against-torchvision parity tests again (their helper runs the engine's session
   # at each batch itself, so it now asks for a dynamic axis), then bench/postprocess.py again (#5's 8x, a second run)
-  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
-  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
-  wait
+  prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
     tests/test_gpu_postprocess.py 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-postprocess.txt"; grep -E "passed|failed|^FAILED|batch [0-9]+:" "$OUT/pytest-gpu-postprocess.txt" | tail -12
   mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
@@ -319,9 +334,7 @@ dec04a() {
   # live NVDEC read path, PyNvVideoCodec's Decode and the CuPy row kernels, keep the GIL; how many frames a second
   # 1-16 unpaced readers give in one process, with no model run)
   check
-  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
-  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
-  wait
+  prep_models
   ls -la /tmp/models | tee "$OUT/models.txt"
   timeout 120 python3 bench/gil_probe.py --video /tmp/hd.mp4 --model /tmp/models/r50_head_fp16.onnx \
     --readers 1 4 8 16 --seconds 4 --json "$OUT/gil-probe.json" 2>&1 | grep -v "W:onnx" | tee "$OUT/gil-probe.txt"
@@ -356,35 +369,25 @@ dec04e() {
   # 2026-12-04, second machine: the models; the PyNvVideoCodec decoder's constructor timed with the GIL ticker
   # (bench/gil_probe.py --opens) and the 1 and 16 reader points with a 3-s warm-up; then bench/postprocess.py
   # with `buffers` at its new default (3), a fifth same-run ratio to the naive loop (#5)
-  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
-  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
-  wait
+  prep_models
   timeout 90 python3 bench/gil_probe.py --video /tmp/hd.mp4 --model /tmp/models/r50_head_fp16.onnx --opens 8 \
     --readers 1 16 --seconds 4 --warmup-s 3 --json "$OUT/gil-probe-2.json" 2>&1 | grep -v "W:onnx" | tee "$OUT/gil-probe-2.txt"
-  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
-  timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
-    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-default.json" 2>&1 | grep -v "W:onnx" \
-    > "$OUT/postprocess-default.txt"; tail -9 "$OUT/postprocess-default.txt"
+  pp8 default 150
 }
 
 pending1() {
-  # Written 2026-12-04 late, when no GPU machine was lent: run pending1-3 first in the next GPU session. The models; the new kernels checked first (nv12_to_row in one kernel,
-  # the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine); the post-processing
+  # Written 2026-12-04 late, when no GPU machine was lent: run pending1-3 first in the next GPU session.
+  # The models; the new kernels checked first (nv12_to_row in one kernel, the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine); the post-processing
   # before (bbda3b5) and after, side by side, with 0/8/16 Python threads busy (bench/post_forms.py); then #5's
   # bench/postprocess.py, device b8 fp16 without CUDA graphs (the default) and with them, in one run
   check
-  export_one device 8 fp16 & export_one device 8 fp32 & export_one graph 1 fp32 &
-  [ -f /tmp/hd.mp4 ] || python3 -m stream sample --output /tmp/hd.mp4 --size 1920 1080 --seconds 16 &
-  wait
+  prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
     tests/test_gpu_postprocess.py "tests/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
     | grep -v "W:onnx" > "$OUT/pytest-gpu-new.txt"; grep -E "passed|failed|^FAILED|^E  |identical|batch [0-9]+:" "$OUT/pytest-gpu-new.txt" | tail -24
   timeout 90 python3 bench/post_forms.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
     --busy 0 8 16 2>&1 | grep -v "W:onnx" | tee "$OUT/post-forms.txt" | tail -6
-  mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
-  timeout 220 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
-    --seconds 4 --infer-seconds 2 --ceiling-batches 6 --compare-cuda-graph --json "$OUT/postprocess-graph.json" 2>&1 \
-    | grep -v "W:onnx" > "$OUT/postprocess-graph.txt"; tail -11 "$OUT/postprocess-graph.txt"
+  pp8 graph 220 --compare-cuda-graph
 }
 
 pending2() {

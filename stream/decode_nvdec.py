@@ -47,6 +47,7 @@ Decision record:
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import OrderedDict
@@ -300,19 +301,13 @@ def nv12_to_row(
         out[...] = rgb * consts.a + consts.b
 
 
-_row_kernels: dict[Any, Any] = {}
-
-
+@functools.cache
 def _row_kernel(cp: Any) -> Any:
-    """nv12_to_row in one CuPy ElementwiseKernel over the row's pixels (compiled once per process; the types of
-    the plan's indices and of the output are template parameters)."""
-    k = _row_kernels.get("k")
-    if k is None:
-        from .cuda_sources import ROW
+    """nv12_to_row in one CuPy ElementwiseKernel over the row's pixels (made once per process, compiled by CuPy
+    per device and per type of the plan's indices and of the output, its template parameters)."""
+    from .cuda_sources import ROW
 
-        k = cp.ElementwiseKernel(*ROW, "stream_nv12_to_row")
-        _row_kernels["k"] = k
-    return k
+    return cp.ElementwiseKernel(*ROW, "stream_nv12_to_row")
 
 
 def split_nv12(nv12: Any, height: int) -> tuple[Any, Any]:

@@ -339,8 +339,7 @@ class CudaEngine:
         if buf is None:
             buf = cp.zeros((info.batch, *x.shape[1:]), dtype=self._dtype)
             slot.pad_buf = buf
-        if x.data.ptr != buf.data.ptr:
-            buf[:n] = x
+        buf[:n] = x
         return buf
 
     def infer(self, batch: Batch) -> list[FrameResult]:
