@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU host runs for this project, in one go, after the wheels are staged (see README, "GPU host").
-#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|dec04e|pending1|pending2|pending3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
+#   bash bench/gpu_host.sh [check|export|test|gputest|bench|pp|sweep|soak|soak_start|soak_wait|soaktest|stages|live3|live4|live5|recheck|dec04a|dec04b|dec04c|dec04d|dec04e|pending1|pending1a|pending1b|pending2|pending3|gil|procs|buffers3|live|live2|verify|verify1|verify2|all]   (writes logs and JSON under $OUT; `all` skips sweep)
 # The host has no network: torch/torchvision there export the models; onnxruntime-gpu, DALI, PyAV and pyzmq
 # come from ../shared/gpu/wheelhouse.sh, installed into /tmp/site.
 # Done (bench/RESULTS.md): 2026-12-03 live, procs, soak_start/soak_wait (soaktest), buffers3, live2, live3;
@@ -377,14 +377,26 @@ dec04e() {
 
 pending1() {
   # Written 2026-12-04 late, when no GPU machine was lent: run pending1-3 first in the next GPU session.
-  # The models; the new kernels checked first (nv12_to_row in one kernel, the post-processing with two waits a batch and its pack kernel, the CUDA-graph engine); the post-processing
-  # before (bbda3b5) and after, side by side, with 0/8/16 Python threads busy (bench/post_forms.py); then #5's
-  # bench/postprocess.py, device b8 fp16 without CUDA graphs (the default) and with them, in one run
+  # The models; the new kernels checked first (nv12_to_row in one kernel, the post-processing with two waits a
+  # batch and its pack kernel, the CUDA-graph engine); the post-processing before (bbda3b5) and after, side by
+  # side, with 0/8/16 Python threads busy (bench/post_forms.py); then #5's bench/postprocess.py, device b8 fp16
+  # without CUDA graphs (the default) and with them, in one run. Over 600 s in all: send pending1a, pending1b.
+  pending1a
+  pending1b
+}
+
+pending1a() {
+  # pending1's first half (one call of at most 600 s each on the device): the models and the new GPU tests
   check
   prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
     tests/test_gpu_postprocess.py "tests/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
     | grep -v "W:onnx" > "$OUT/pytest-gpu-new.txt"; grep -E "passed|failed|^FAILED|^E  |identical|batch [0-9]+:" "$OUT/pytest-gpu-new.txt" | tail -24
+}
+
+pending1b() {
+  # pending1's second half: post_forms.py and #5's bench/postprocess.py with and without CUDA graphs
+  prep_models
   timeout 90 python3 bench/post_forms.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
     --busy 0 8 16 2>&1 | grep -v "W:onnx" | tee "$OUT/post-forms.txt" | tail -6
   pp8 graph 220 --compare-cuda-graph
@@ -463,6 +475,8 @@ case $what in
   dec04d) dec04d ;;
   dec04e) dec04e ;;
   pending1) pending1 ;;
+  pending1a) pending1a ;;
+  pending1b) pending1b ;;
   pending2) pending2 ;;
   pending3) pending3 ;;
   soaktest) soaktest ;;

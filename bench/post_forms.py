@@ -38,8 +38,12 @@ from stream.postprocess import Postprocessor  # noqa: E402
 
 def module_at(rev: str, path: str, name: str) -> Any:
     """stream/<path> as of git revision `rev`, imported as stream.<name> (its relative imports resolve in stream)."""
-    text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], check=True, capture_output=True,
-                          text=True).stdout  # fmt: skip
+    copy = ROOT / "bench" / f"rev-{rev}" / path  # where there is no git history (the GPU host gets a working tree)
+    if copy.is_file():
+        text = copy.read_text()
+    else:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{rev}:{path}"], check=True, capture_output=True,
+                              text=True).stdout  # fmt: skip
     f = Path(tempfile.mkdtemp(prefix="post-forms-")) / f"{name}.py"
     f.write_text(text)
     spec = importlib.util.spec_from_file_location(f"stream.{name}", f)
