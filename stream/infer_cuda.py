@@ -44,6 +44,7 @@ import logging
 import queue
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +167,7 @@ class _Slot:
     stream: Any  # cupy.cuda.Stream
     pad_buf: Any = None  # the full-batch input buffer partial batches are copied into (pad_partial)
     outputs: list[Any] | None = None  # CUDA graph: the OrtValues bound once as the outputs
+    thread: ThreadPoolExecutor | None = None  # CUDA graph: the one thread that runs this slot (see _on_slot)
 
 
 class CudaEngine:
@@ -271,6 +273,7 @@ class CudaEngine:
                 slot = _Slot(i, sess, binding, stream)
                 if self.graph:
                     self._bind_fixed(slot)
+                    slot.thread = ThreadPoolExecutor(1, thread_name_prefix=f"cuda-graph-slot{i}")
                 else:
                     for name in info.output_names:
                         binding.bind_output(name, "cuda", device_id)  # no shape: ORT allocates per run
@@ -315,12 +318,12 @@ class CudaEngine:
             for slot in self._all:
                 for n in sizes:
                     frames = [FrameMeta(i, None, 0.0, info.width, info.height) for i in range(n)]
-                    self._run(slot, Batch("warm-up", frames, data))
+                    self._on_slot(slot, Batch("warm-up", frames, data))
             try:  # and once more per size with outputs full of detections (see synthetic_outputs)
                 for slot in self._all:
                     for n in sizes:
                         frames = [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
-                        self._run(slot, Batch("warm-up", frames, data), synthetic=True)
+                        self._on_slot(slot, Batch("warm-up", frames, data), synthetic=True)
                 self.warmed_with_detections = True
             except Exception as exc:  # the warm-up is an optimisation: never let it stop the engine
                 log.warning("cuda engine: warm-up with detections failed (%s); the first frames with detections "
@@ -345,10 +348,21 @@ class CudaEngine:
     def infer(self, batch: Batch) -> list[FrameResult]:
         slot = self._slots.get()
         try:
-            return self._run(slot, batch)
+            return self._on_slot(slot, batch)
         finally:
             batch.done()
             self._slots.put(slot)
+
+    def _on_slot(self, slot: _Slot, batch: Batch, synthetic: bool = False) -> list[FrameResult]:
+        """`_run` on the caller's thread, or, for a CUDA-graph slot, on the slot's own thread. ORT's CUDA provider
+        keeps its graph per thread (PerThreadContext) and captures with cudaStreamCaptureModeGlobal: run from the
+        batcher's workers, each new thread captured a graph of its own while decoders and the other slots worked
+        on the GPU, and the capture failed (cudaErrorStreamCaptureUnsupported, NVDEC's decoding too; H100,
+        2026-12-05, bench/postprocess.py --compare-cuda-graph and bench/live_stages.py). On one thread per slot the
+        capture happens once, in warm_up, before any source starts, and every later run is a replay."""
+        if slot.thread is None:
+            return self._run(slot, batch, synthetic)
+        return slot.thread.submit(self._run, slot, batch, synthetic).result()
 
     def _run(self, slot: _Slot, batch: Batch, synthetic: bool = False) -> list[FrameResult]:
         cp = self._cp
@@ -403,5 +417,7 @@ class CudaEngine:
     def close(self) -> None:
         with self._lock:
             for slot in self._all:
+                if slot.thread is not None:
+                    slot.thread.shutdown(wait=True)
                 slot.stream.synchronize()
             self._all.clear()
