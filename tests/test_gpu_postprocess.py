@@ -279,3 +279,65 @@ def test_cuda_graph_engine_gives_the_same_detections(r50: dict[str, Path], real_
     assert total > 0
     with pytest.raises(Exception, match="cuda_graph"):
         CudaEngine(info, buffers=1, pad_partial=False, cuda_graph="on", warm_up=False)
+
+
+def test_cuda_graph_engine_from_many_threads_beside_other_gpu_work(r50: dict[str, Path], real_frames: np.ndarray) -> None:
+    """The daemon's shape of the graph engine's use: batches come from whichever batcher worker is free, while
+    decoders allocate and run kernels on streams of their own. On the H100 (2026-12-05) ORT's per-thread graph
+    was captured again from each new caller thread, and the captures failed (cudaErrorStreamCaptureUnsupported).
+    With a thread of its own per slot, six caller threads and a thread busy with CuPy work on another stream get
+    the plain engine's detections for every batch, and every run replays the graph (its outputs stay put)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import cupy as cp
+
+    from stream.frames import Batch, FrameMeta
+    from stream.infer_cuda import CudaEngine
+    from stream.model import load_info
+
+    info = load_info(r50["fp16"])
+    graphed = CudaEngine(info, buffers=2, conv_algo_search="heuristic", cuda_graph="auto")
+    plain = CudaEngine(info, buffers=1, conv_algo_search="heuristic", cuda_graph="off", warm_up=False)
+    assert graphed.graph
+    ptrs = [[ov.data_ptr() for ov in slot.outputs] for slot in graphed._all]
+    sizes = (8, 3, 5, 1, 8, 2)
+    x = np.ascontiguousarray(real_frames, dtype=np.float16)
+
+    def meta(n: int) -> list[Any]:
+        return [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+
+    want = {n: [dets(r) for r in plain.infer(Batch("plain", meta(n), x[:n].copy()))] for n in set(sizes)}
+    stop = threading.Event()
+
+    def other_gpu_work() -> int:  # a decoder's share: allocations and kernels on a stream of its own
+        runs = 0
+        with cp.cuda.Stream(non_blocking=True) as s:
+            while not stop.is_set():
+                a = cp.random.random((1024, 1024), dtype=cp.float32)
+                (a @ a).sum()
+                s.synchronize()
+                runs += 1
+        return runs
+
+    def call(i: int) -> tuple[int, list[list[dict[str, Any]]]]:
+        n = sizes[i % len(sizes)]
+        return n, [dets(r) for r in graphed.infer(Batch(f"s{i}", meta(n), x[:n].copy()))]
+
+    with ThreadPoolExecutor(1) as side:
+        busy = side.submit(other_gpu_work)
+        with ThreadPoolExecutor(6, thread_name_prefix="caller") as callers:
+            got = list(callers.map(call, range(48)))
+        stop.set()
+        assert busy.result() > 0
+    total = 0
+    for n, frames in got:
+        assert len(frames) == n
+        for da, db in zip(frames, want[n]):
+            total += len(db)
+            assert not unmatched(db, da, min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+            assert not unmatched(da, db, min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+    assert [[ov.data_ptr() for ov in slot.outputs] for slot in graphed._all] == ptrs
+    graphed.close()
+    plain.close()
+    assert total > 0
