@@ -34,8 +34,9 @@ Decision record:
   batch runs at its own size.
 - `cuda_graph` (off by default; "auto" where it can, see cuda_graph_choice): each slot's session runs as a
   CUDA graph, its input buffer and outputs bound once (`_bind_fixed`): outputs of a head model of fixed batch
-  have one shape, so ORT's allocator makes them once and the graph replays into them. Written 2026-12-04
-  without a GPU to run it: off until measured end to end (bench/postprocess.py --compare-cuda-graph).
+  have one shape, so ORT's allocator makes them once and the graph replays into them. Each slot runs on a
+  thread of its own (`_on_slot`: ORT's graph is per thread). Off until measured end to end
+  (bench/postprocess.py --compare-cuda-graph; from many threads it failed on the H100, 2026-12-05).
 """
 
 from __future__ import annotations
@@ -118,8 +119,9 @@ def cuda_graph_choice(setting: str, info: ModelInfo, fixed_dim: str | None) -> b
     in the file) can; the graph post-processing's outputs change size every frame. "auto": where it can;
     "on": required (a clear error where it cannot); "off" (the default): never. Measured on the H200 in
     isolation only (bench/ort_profile.py, 2026-12-04): 16.16 ms a run against 17.18 ms without, batch 8 fp16.
-    The engine's form (input and outputs bound once, `_bind_fixed`) has not run on a GPU yet: it stays off by
-    default until bench/postprocess.py --compare-cuda-graph has measured it end to end."""
+    On the H100 (2026-12-05) the engine's form (input and outputs bound once, `_bind_fixed`) warmed up and gave
+    the plain engine's detections, but failed when the batcher's threads ran it (see _on_slot, the fix, not yet
+    on a GPU): it stays off by default until bench/postprocess.py --compare-cuda-graph has measured it end to end."""
     if setting not in CUDA_GRAPHS:
         raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)}; got {setting!r}")
     can = info.head is not None and (fixed_dim is not None or not info.dynamic_batch)
