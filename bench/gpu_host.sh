@@ -48,6 +48,15 @@ pp8() {
     | grep -v "W:onnx" > "$OUT/postprocess-$name.txt"; tail -11 "$OUT/postprocess-$name.txt"
 }
 
+stages16() {
+  # bench/live_stages.py at 16 paced feeds, 9 s, in a process of its own: $1 "name:args" (live-stages-name.txt)
+  local v=$1
+  timeout 60 python3 bench/live_stages.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
+    --feeds 16 --seconds 9 ${v#*:} 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-${v%%:*}.txt"
+  echo "== ${v%%:*}"; grep -E "^engine made|^16 feed|^published after|^inference workers|^\| published|^gil" \
+    "$OUT/live-stages-${v%%:*}.txt"
+}
+
 export_models() {
   # The full model at 800x800, exported in parallel (about a minute in all on the host):
   # graph post-processing at batch 1 and 8, fp32 and fp16 (batch 1 fp32 is also the naive loop's model), and
@@ -407,9 +416,7 @@ pending2() {
   local m=/tmp/models/r50_head_fp16.onnx
   for v in "new:" "before:--old-post --composed-rows" "old-post:--old-post" "composed-rows:--composed-rows" \
            "graph:--set cuda_graph=auto"; do
-    timeout 60 python3 bench/live_stages.py --device cuda --model $m --video /tmp/hd.mp4 --feeds 16 --seconds 9 \
-      ${v#*:} 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-${v%%:*}.txt"
-    echo "== ${v%%:*}"; grep -E "^16 feed|^published after|^inference workers|^\| published|^gil" "$OUT/live-stages-${v%%:*}.txt"
+    stages16 "$v"
   done
   for g in off auto; do
     timeout 150 python3 bench/latency.py --device cuda --model $m --video /tmp/hd.mp4 --modes paced --feeds 8 16 \
@@ -453,9 +460,7 @@ pending4b() {
   local m=/tmp/models/r50_head_fp16.onnx
   for v in "new4:" "graph4:--set cuda_graph=auto" "buffers2:--set buffers=2" "leadcap8:--lead-cap 0.8" \
            "zmq4:--sink zmq"; do
-    timeout 60 python3 bench/live_stages.py --device cuda --model $m --video /tmp/hd.mp4 --feeds 16 --seconds 9 \
-      ${v#*:} 2>&1 | grep -v "W:onnx" > "$OUT/live-stages-${v%%:*}.txt"
-    echo "== ${v%%:*}"; grep -E "^engine made|^16 feed|^inference workers|^\| published" "$OUT/live-stages-${v%%:*}.txt"
+    stages16 "$v"
   done
   for v in "graph:--set cuda_graph=auto" "buffers2:--buffers 2"; do
     timeout 100 python3 bench/latency.py --device cuda --model $m --video /tmp/hd.mp4 --modes paced --feeds 16 \

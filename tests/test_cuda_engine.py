@@ -9,6 +9,22 @@ from __future__ import annotations
 import pytest
 
 
+class _Ctx:
+    """cupy.cuda.Device and cupy.cuda.Stream stood in for: a context manager with a pointer and a sync."""
+
+    def __init__(self, *a: object, **k: object) -> None:
+        self.ptr = 1
+
+    def __enter__(self) -> "_Ctx":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+
 def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object, monkeypatch: pytest.MonkeyPatch,
                                                               caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
     """The CUDA engine's own control flow around the graph, with CuPy and ONNX Runtime stood in for at the seam
@@ -25,19 +41,6 @@ def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object,
     from stream import infer_cuda
     from stream.errors import InferenceError
     from stream.postprocess import HeadSpec, Level
-
-    class _Ctx:
-        def __init__(self, *a: object, **k: object) -> None:
-            self.ptr = 1
-
-        def __enter__(self) -> "_Ctx":
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def synchronize(self) -> None:
-            pass
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Device=_Ctx, Stream=_Ctx)  # type: ignore[attr-defined]
@@ -94,19 +97,6 @@ def test_cuda_graph_slots_run_on_their_own_thread(model_info: object, monkeypatc
     from stream import infer_cuda
     from stream.frames import Batch, FrameMeta
     from stream.postprocess import HeadSpec, Level
-
-    class _Ctx:
-        def __init__(self, *a: object, **k: object) -> None:
-            self.ptr = 1
-
-        def __enter__(self) -> "_Ctx":
-            return self
-
-        def __exit__(self, *exc: object) -> None:
-            pass
-
-        def synchronize(self) -> None:
-            pass
 
     class _Binding:
         def bind_input(self, *a: object) -> None:
