@@ -48,7 +48,7 @@ class Config:
     conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
     cpu_threads: int = 0  # ONNX Runtime intra-op threads of a CPU engine; 0: the cores, shared out among CPU workers
     pad_partial: bool = True  # CUDA, dynamic-batch model: run partial batches padded to the full batch (fixed shape)
-    cuda_graph: str = "off"  # CUDA: replay each run as a CUDA graph (auto: for head models of a fixed batch); off until measured end to end
+    cuda_graph: str = "auto"  # CUDA: replay each run as a CUDA graph where it can (head models of a fixed batch)
     publish_hwm: int = 100_000
     linger_s: float = 10.0
     progress: str = "auto"

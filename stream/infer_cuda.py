@@ -32,11 +32,12 @@ Decision record:
   batch (`Postprocessor.packed`: the host waits for the stream twice a batch, for the number of scores over
   the threshold and for the download); their batch axis is dynamic, so without `pad_partial` a partial
   batch runs at its own size.
-- `cuda_graph` (off by default; "auto" where it can, see cuda_graph_choice): each slot's session runs as a
+- `cuda_graph` ("auto" by default: where it can, see cuda_graph_choice): each slot's session runs as a
   CUDA graph, its input buffer and outputs bound once (`_bind_fixed`): outputs of a head model of fixed batch
   have one shape, so ORT's allocator makes them once and the graph replays into them. Each slot runs on a
-  thread of its own (`_on_slot`: ORT's graph is per thread). Off until measured end to end
-  (bench/postprocess.py --compare-cuda-graph; from many threads it failed on the H100, 2026-12-05).
+  thread of its own (`_on_slot`: ORT's graph is per thread; from the batcher's many threads it failed on the
+  H100 on 2026-12-05, before this). Measured end to end on 2026-12-06 (bench/postprocess.py
+  --compare-cuda-graph): +0.4% on the H200, +0.3% on an H100, every GPU test passing with it on.
 """
 
 from __future__ import annotations
@@ -117,11 +118,11 @@ def cuda_graph_choice(setting: str, info: ModelInfo, fixed_dim: str | None) -> b
     graph with its batch axis fixed). A graph replays fixed shapes at fixed addresses, so only a head model
     (`--postprocess device`, static output shapes) whose batch is fixed (by the session under `pad_partial`, or
     in the file) can; the graph post-processing's outputs change size every frame. "auto": where it can;
-    "on": required (a clear error where it cannot); "off" (the default): never. Measured on the H200 in
-    isolation only (bench/ort_profile.py, 2026-12-04): 16.16 ms a run against 17.18 ms without, batch 8 fp16.
-    On the H100 (2026-12-05) the engine's form (input and outputs bound once, `_bind_fixed`) warmed up and gave
-    the plain engine's detections, but failed when the batcher's threads ran it (see _on_slot, the fix, not yet
-    on a GPU): it stays off by default until bench/postprocess.py --compare-cuda-graph has measured it end to end."""
+    "on": required (a clear error where it cannot); "off": never. "auto" is the default since 2026-12-06: in
+    isolation 16.16 ms a run against 17.18 ms without (H200, bench/ort_profile.py, batch 8 fp16, 2026-12-04); end
+    to end (bench/postprocess.py --compare-cuda-graph, 8 files, 2026-12-06) 494.6 against 492.4 fps on the H200
+    and 459.0 against 457.4 on an H100; at 16 paced live feeds on the H200 the one configuration whose p99 met
+    100 ms (bench/latency.py). With each slot on a thread of its own (_on_slot) the batcher's threads run it."""
     if setting not in CUDA_GRAPHS:
         raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)}; got {setting!r}")
     can = info.head is not None and (fixed_dim is not None or not info.dynamic_batch)
@@ -184,7 +185,7 @@ class CudaEngine:
         conv_algo_search: str = "auto",
         warm_up: bool = True,
         pad_partial: bool = True,
-        cuda_graph: str = "off",
+        cuda_graph: str = "auto",
     ) -> None:
         import cupy as cp
         import onnxruntime as ort

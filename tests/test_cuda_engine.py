@@ -76,7 +76,9 @@ def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object,
         infer_cuda.CudaEngine(head, buffers=1, cuda_graph="on")
     assert made == [True]
     made.clear()
-    assert infer_cuda.CudaEngine(head, buffers=1).graph is False and made == [False]  # the default: off
+    assert infer_cuda.CudaEngine(head, buffers=1, cuda_graph="off").graph is False and made == [False]
+    made.clear()
+    assert infer_cuda.CudaEngine(head, buffers=1).graph is False and made == [True, False]  # the default: auto
 
 
 def test_cuda_graph_slots_run_on_their_own_thread(model_info: object, monkeypatch: pytest.MonkeyPatch) -> None:

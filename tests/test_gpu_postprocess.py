@@ -255,7 +255,7 @@ def test_padded_partial_batches_give_the_same_detections(r50: dict[str, Path], r
 
 
 def test_cuda_graph_engine_gives_the_same_detections(r50: dict[str, Path], real_frames: np.ndarray) -> None:
-    """cuda_graph = "auto" (off by default) on a head model with the batch axis fixed (pad_partial): ORT replays each slot's run
+    """cuda_graph = "auto" (the default) on a head model with the batch axis fixed (pad_partial): ORT replays each slot's run
     as a CUDA graph, input and outputs bound once at fixed addresses. Its detections equal those of the same
     engine without a graph, batch after batch, full and partial (padding rows left from fuller batches ignored),
     on both slots; and only the packed detections cross to the host."""
