@@ -9,7 +9,7 @@ import sys, numpy as np, av
 sys.path.insert(0, ".")
 import nvidia.dali.fn as fn
 from nvidia.dali import pipeline_def
-from stream.sample import make_sample_video
+from stream.tools.sample import make_sample_video
 for w, h in ((640, 360), (1280, 720)):
     p = str(make_sample_video(f"/tmp/c{w}.mp4", width=w, height=h, seconds=0.5))
     @pipeline_def(batch_size=1, num_threads=2, device_id=0)

@@ -3,8 +3,8 @@
     python bench/gil_probe.py --video /tmp/hd.mp4 --model /tmp/models/r50_head_fp16.onnx --readers 1 4 8 16
 
 Each reader is the live source's own per-frame work, unpaced, on its own thread: PyAV demuxes the file (over
-and over), stream.decode_nvdec.NvdecDecoder decodes each packet on NVDEC, and DeviceRows.fill writes the frame
-into a model row on the GPU (CuPy kernels), as stream/live.py does; no model run, no batcher. Beside the
+and over), stream.sources.nvdec.NvdecDecoder decodes each packet on NVDEC, and DeviceRows.fill writes the frame
+into a model row on the GPU (CuPy kernels), as stream/sources/live.py does; no model run, no batcher. Beside the
 readers a ticker thread sleeps 1 ms at a time and records how late it wakes: with nothing else running that is
 the OS's wake-up; a call that keeps the GIL while it works (C code that does not release it) makes the ticker
 wait for the whole call. Per point, after --warmup-s: frames a second (all readers), the wall time of each
@@ -28,8 +28,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream.decode_nvdec import DeviceRows, NvdecDecoder  # noqa: E402
-from stream.model import load_info  # noqa: E402
+from stream.sources.nvdec import DeviceRows, NvdecDecoder  # noqa: E402
+from stream.engines.model import load_info  # noqa: E402
 
 
 def pct(xs: list[float], q: float) -> float:

@@ -40,7 +40,7 @@ prep_models() {
 
 pp8() {
   # #5's bench/postprocess.py on 8 file streams (device b8 fp16 against graph b1 fp32 and the naive loop, one run):
-  # $1 names the output files postprocess-$1.*, $2 the timeout in s, the rest goes to postprocess.py
+  # $1 names the output files postprocess-$1.*, $2 the timeout in s, the rest goes to engines/postprocess.py
   local name=$1 limit=$2; shift 2
   mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
   timeout "$limit" python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
@@ -87,8 +87,8 @@ run_tests() {
 
 gpu_tests() {
   # only the GPU tests (what the CPU machines cannot run), with the models exported above
-  STREAM_TEST_MODELS=/tmp/models python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu tests/test_gpu.py \
-    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
+  STREAM_TEST_MODELS=/tmp/models python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu tests/gpu/test_gpu.py \
+    tests/sources/test_nvdec.py tests/gpu/test_gpu_postprocess.py tests/daemon/test_workers.py 2>&1 | tee "$OUT/pytest-gpu.txt" | tail -40
 }
 
 postprocess_bench() {
@@ -329,7 +329,7 @@ recheck() {
   # at each batch itself, so it now asks for a dynamic axis), then bench/postprocess.py again (#5's 8x, a second run)
   prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 200 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
-    tests/test_gpu_postprocess.py 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-postprocess.txt"; grep -E "passed|failed|^FAILED|batch [0-9]+:" "$OUT/pytest-gpu-postprocess.txt" | tail -12
+    tests/gpu/test_gpu_postprocess.py 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-postprocess.txt"; grep -E "passed|failed|^FAILED|batch [0-9]+:" "$OUT/pytest-gpu-postprocess.txt" | tail -12
   mkdir -p /tmp/models2 && ln -sf /tmp/models/r50_head_fp16.onnx /tmp/models/r50_b1_fp32.onnx /tmp/models2/
   timeout 150 python3 bench/postprocess.py --device cuda --models /tmp/models2 --video /tmp/hd.mp4 --streams 8 \
     --seconds 4 --infer-seconds 2 --ceiling-batches 6 --json "$OUT/postprocess-cuda-2.json" 2>&1 | grep -v "W:onnx" \
@@ -348,9 +348,9 @@ dec04a() {
 }
 
 dec04b() {
-  # the GPU tests (daemon on CUDA with glibc's mmap threshold now fixed at start: stream/malloc.py)
-  STREAM_TEST_MODELS=/tmp/models timeout 560 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_gpu.py \
-    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | grep -v "W:onnx" \
+  # the GPU tests (daemon on CUDA with glibc's mmap threshold now fixed at start: stream/daemon/malloc.py)
+  STREAM_TEST_MODELS=/tmp/models timeout 560 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu/test_gpu.py \
+    tests/sources/test_nvdec.py tests/gpu/test_gpu_postprocess.py tests/daemon/test_workers.py 2>&1 | grep -v "W:onnx" \
     > "$OUT/pytest-gpu.txt"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -15
 }
 
@@ -397,7 +397,7 @@ pending1a() {
   check
   prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -s -m gpu \
-    tests/test_gpu_postprocess.py "tests/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
+    tests/gpu/test_gpu_postprocess.py "tests/sources/test_nvdec.py::test_fused_row_kernel_equals_the_array_code" 2>&1 \
     | grep -v "W:onnx" > "$OUT/pytest-gpu-new.txt"; grep -E "passed|failed|^FAILED|^E  |identical|batch [0-9]+:" "$OUT/pytest-gpu-new.txt" | tail -24
 }
 
@@ -427,8 +427,8 @@ pending2() {
 
 pending3() {
   # every GPU test with the day's code, then #3's buffers sweep (1/2/3 at 8 file streams) with CUDA graphs
-  STREAM_TEST_MODELS=/tmp/models timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/test_gpu.py \
-    tests/test_nvdec.py tests/test_gpu_postprocess.py tests/test_workers.py 2>&1 | grep -v "W:onnx" \
+  STREAM_TEST_MODELS=/tmp/models timeout 400 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu/test_gpu.py \
+    tests/sources/test_nvdec.py tests/gpu/test_gpu_postprocess.py tests/daemon/test_workers.py 2>&1 | grep -v "W:onnx" \
     > "$OUT/pytest-gpu.txt"; grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -15
   timeout 180 python3 bench/streams.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \
     --streams 8 --buffers 1 2 3 --buffers-streams 8 --sweep-buffers 2 --seconds 4 --infer-seconds 2 \
@@ -443,7 +443,7 @@ pending4a() {
   check
   prep_models
   STREAM_TEST_MODELS=/tmp/models timeout 240 python3 -m pytest -q -p no:cacheprovider -rs -m gpu \
-    tests/test_gpu_postprocess.py -k cuda_graph 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-graph.txt"
+    tests/gpu/test_gpu_postprocess.py -k cuda_graph 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu-graph.txt"
   grep -E "passed|failed|^FAILED|^E  " "$OUT/pytest-gpu-graph.txt" | tail -12
   pp8 graph2 220 --compare-cuda-graph
 }

@@ -7,16 +7,16 @@
 Feeds (--modes; `auto` takes rtsp where it can run, else paced):
 - rtsp: GStreamer's RTSP server of the tests (tests/rtsp_server.py, run with the system python3: a live
   320x240 test pattern at 30 fps, x264 zero-latency, one shared media for every client, as with a camera).
-  Every feed is its own RTSP client of that mount, read by the daemon's own live source (stream/live.py).
+  Every feed is its own RTSP client of that mount, read by the daemon's own live source (stream/sources/live.py).
 - paced: BENCH-ONLY PACING. `stream` has no way to play a file at its frame rate, so this script does it: in
   its daemon process `av.open` of a `paced:` URL gives a PacedContainer, the file's container whose packets
   are released at their timestamps (dts from the start of the pass) and replayed forever with growing
-  timestamps. The daemon's own live source (stream.live.LiveBatchSource, unmodified) reads it as it reads an
+  timestamps. The daemon's own live source (stream.sources.live.LiveBatchSource, unmodified) reads it as it reads an
   RTSP feed: the same decode route, batching, latest-wins drops (`no_buffer`, `stale`), metrics and
   publishing. Feeds are staggered by 1/N of a frame interval (cameras are not in phase). Used where no RTSP
   server can run (the GPU host has no GStreamer) and for 1080p feeds.
 
-Per mode one daemon process of this script is started (stream.pipeline.Runner in process, as `stream run`
+Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
 runs it with a control endpoint: a real Publisher on tcp://127.0.0.1, Prometheus metrics on a port of its own):
 its engine is made and warmed up on a 1-second clip once, then the feeds of each point are added to the running
 daemon and removed after it (Runner.add/remove, as `stream ctl` does), so every point runs on a warm engine.
@@ -57,10 +57,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream import config, pipeline  # noqa: E402
-from stream.live import LiveBatchSource  # noqa: E402
-from stream.model import default_model_path, load_info  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream import config
+from stream.core.runner import Runner  # noqa: E402
+from stream.engines.device import make_engine  # noqa: E402
+from stream.sources.registry import make_source, pool_size  # noqa: E402
+from stream.sources.live import LiveBatchSource  # noqa: E402
+from stream.engines.model import default_model_path, load_info  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
 
 from tests.loopback import SYSTEM_PYTHON  # noqa: E402
@@ -81,7 +84,7 @@ class PacedContainer:
     of the pass, after a phase of PHASE_S) and loops forever: at the end of the file it seeks back to the start
     (PyAV flushes the decoder) and shifts pts/dts by the pass's length so that timestamps keep growing, as a
     camera's do. The end-of-file flush packet is never handed out (a feed does not end). Everything else is the
-    daemon's own live source (stream.live.LiveBatchSource) reading it: decode route, batching, drops, metrics.
+    daemon's own live source (stream.sources.live.LiveBatchSource) reading it: decode route, batching, drops, metrics.
     """
 
     def __init__(self, path: str, phase_s: float, real_open: Any) -> None:
@@ -140,7 +143,7 @@ def install_paced_open() -> None:
 
 
 def live_source(src: Source, info: Any, cfg: config.Config, pool: int, device: str) -> Any:
-    """The daemon's live source for src, as stream.pipeline.make_one_pass makes it (its URL check aside)."""
+    """The daemon's live source for src, as stream.sources.registry.make_one_pass makes it (its URL check aside)."""
     import inspect
 
     kwargs: dict[str, Any] = {"pool": pool}
@@ -159,28 +162,27 @@ async def serve(spec: dict[str, Any]) -> None:
     """The daemon: engine made and warmed up once, then feeds started and removed on commands read from stdin:
     `start TAG N` adds N feeds with ids TAGf00.., `stop TAG` removes them (in-flight frames published, then an
     eos each), `quit` (or end of input) stops the run."""
-    from stream.metrics import Metrics
-    from stream.publish import Publisher
+    from stream.daemon.http import Metrics
+    from stream.sinks.publish import Publisher
 
     cfg = config.load(None, spec["config"])
     if spec.get("no_lead"):  # A/B: live frames dropped by their age at the take alone (the batcher before 2026-12-04)
-        from stream import batcher
+        from stream.core import batcher
 
         batcher.LEAD_CAP = 0.0
     info = load_info(cfg.model or default_model_path())
-    engine = await asyncio.to_thread(pipeline.make_engine, cfg.device, info, cfg)
+    engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     metrics = Metrics()
     pub = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s)
     try:
-        warm = await pipeline.Runner(cfg, [Source("warm", spec["warm"])], info, engine, _NullSink(),
-                                     handle_signals=False).run()  # fmt: skip
+        warm = await Runner(cfg, [Source("warm", spec["warm"])], info, engine, _NullSink()).run()
         if warm["warm"].state != "completed":
             raise SystemExit(f"warm-up failed: {warm['warm'].error}")
         metrics.start_http(cfg.metrics_host, cfg.metrics_port)
         await pub.start()
         if not await pub.wait_subscribers(1, 60):
             raise SystemExit("no subscriber within 60 s")
-        pool = pipeline.pool_size(cfg, engine.device)  # as stream.pipeline.make_one_pass sizes a live source's pool
+        pool = pool_size(cfg, engine.device)  # as stream.sources.registry.make_one_pass sizes a live source's pool
         interval = 1.0 / spec["fps"]
         if spec["mode"] == "paced":
             install_paced_open()
@@ -190,12 +192,12 @@ async def serve(spec: dict[str, Any]) -> None:
             if spec["mode"] == "paced":
                 bsrc = live_source(s, info, cfg, pool, engine.device)
             else:
-                bsrc = pipeline.make_source(s, info, engine.device, cfg)
+                bsrc = make_source(s, info, engine.device, cfg)
             made[s.id] = bsrc
             return bsrc
 
-        runner = pipeline.Runner(cfg, [], info, engine, pub, metrics=metrics, source_factory=factory, keep_running=True)
-        metrics.health_from(runner.health)
+        runner = Runner(cfg, [], info, engine, pub, instrument=metrics, source_factory=factory, keep_running=True)
+        metrics.health_from(runner.status.health)
         task = asyncio.create_task(runner.run())
         loop = asyncio.get_running_loop()
         while not runner.running and not task.done():
@@ -336,7 +338,7 @@ class Daemon:
         self.points = 0
         self.replies: dict[str, dict[str, Any]] = {}
         threading.Thread(target=self._read_replies, daemon=True).start()
-        self.pool = pipeline.pool_size(config.load(None, cfgd), a.device)
+        self.pool = pool_size(config.load(None, cfgd), a.device)
         self.batch = load_info(Path(cfgd["model"])).batch
 
     def _read_replies(self) -> None:
@@ -578,8 +580,8 @@ def main() -> None:
     ap.add_argument("--plot", type=Path, default=None, help="PNG: latency histogram, one series per point")
     a = ap.parse_args()
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    from stream.decode import probe
-    from stream.sample import make_sample_video
+    from stream.sources.pyav import probe
+    from stream.tools.sample import make_sample_video
 
     overrides = parse_sets(a.set)
     cfg = config.load(None, {"device": a.device, "buffers": a.buffers, **overrides})

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Live latency with the feeds in one daemon process against the same feeds shared out among worker processes
-on the same device (`--devices 0,0,...`, stream/workers.py), measured side by side in one run.
+on the same device (`--devices 0,0,...`, stream/daemon/supervisor.py), measured side by side in one run.
 
     python bench/latency_procs.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4 \\
         --feeds 8 --workers 1 4 --json latency-procs.json
@@ -44,10 +44,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from soak import PacedServer  # noqa: E402
 
-from stream.decode import probe  # noqa: E402
+from stream.sources.pyav import probe  # noqa: E402
 from stream.messages import decode  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 from tests.loopback import free_port  # noqa: E402
 
 

@@ -48,10 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import latency  # noqa: E402
 
-from stream import batcher as bm  # noqa: E402
-from stream import config, pipeline  # noqa: E402
-from stream.model import default_model_path, load_info  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream.core import batcher as bm  # noqa: E402
+from stream import config
+from stream.core import pipeline  # noqa: E402
+from stream.engines.model import default_model_path, load_info  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 
 STAGES = ("handout", "submit", "work", "infer", "slot", "run0", "ran", "postproc", "post", "inferred", "published",
           "received")
@@ -94,7 +95,7 @@ def instrument(device: str) -> None:
 
     pipeline.Runner._publish = pub
     if device == "cuda":
-        from stream import infer_cuda as ic
+        from stream.engines import cuda as ic
 
         o_infer, o_run, o_dl = ic.CudaEngine.infer, ic.CudaEngine._run, ic.download
 
@@ -308,7 +309,7 @@ class ZmqSink:
     measures), whose receive times come back as the `received` stage."""
 
     def __init__(self, fmt: str) -> None:
-        from stream.publish import Publisher
+        from stream.sinks.publish import Publisher
 
         self.pub = Publisher("tcp://127.0.0.1:0", fmt)
         self.log = Path(f"/tmp/live-stages-sub-{os.getpid()}.jsonl")
@@ -400,7 +401,7 @@ async def main_async(args: argparse.Namespace) -> None:
         print(f"warm-up file {args.warm_file.name} run in {time.perf_counter() - t:.1f} s")
     sink, metrics = None, None
     if args.sink == "zmq":
-        from stream.metrics import Metrics
+        from stream.daemon.http import Metrics
 
         metrics = Metrics()
         metrics.start_http("127.0.0.1", 0)
@@ -462,7 +463,8 @@ def main() -> int:
                     help="live NVDEC rows: nv12_to_row's CuPy array code instead of its one kernel")
     args = ap.parse_args()
     if args.ort_threads:
-        from stream import infer, infer_cuda
+        from stream.engines import cpu as infer
+        from stream.engines import cuda as infer_cuda
 
         def opts(threads: int | None = None, _o: Any = infer.session_options) -> Any:
             so = _o(args.ort_threads)
@@ -477,7 +479,7 @@ def main() -> int:
     if args.old_post:
         print("engine: head post-processing as __call__ and pack_detections (seven waits for the stream a batch)")
     if args.composed_rows:
-        from stream import decode_nvdec
+        from stream.sources import nvdec as decode_nvdec
 
         def fill(self: Any, data: Any, row: int, frame: Any) -> None:
             with self._device, self.stream:

@@ -5,7 +5,7 @@
 Why: the GPU soak of 2026-12-02 (4 looped 1080p files of 3-4.5 s, bench/soak.py) published 37 fps in all for
 10 minutes, about a twelfth of what the same GPU and model did on unlooped files. Every pass of a looped
 file then built a new DALI pipeline. This bench runs `--files` looped 1080p files (3 s + 0.5 s per file, as
-the soak makes them), each in its own thread as `stream run` does, through `stream.looping.LoopingSource`
+the soak makes them), each in its own thread as `stream run` does, through `stream.sources.looping.LoopingSource`
 over `pipeline.make_one_pass` (DALI on cuda, PyAV on cpu): once with a new source per pass (`reuse=False`, what
 the 2026-12-02 code did) and once rewinding it (`reuse=True`, the default now). Each batch is waited for (its
 CUDA event) and released; no inference, so the figure is the decode side's own ceiling. Prints frames/s in
@@ -26,11 +26,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream import config, pipeline  # noqa: E402
-from stream.looping import LoopingSource  # noqa: E402
-from stream.model import default_model_path, load_info  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream import config
+from stream.core import pipeline  # noqa: E402
+from stream.sources.looping import LoopingSource  # noqa: E402
+from stream.engines.model import default_model_path, load_info  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 
 
 def run_mode(paths: list[Path], info: Any, device: str, cfg: Any, reuse: bool, seconds: float) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Where the model run's time goes in ONNX Runtime's CUDA provider: the batch axis left dynamic against fixed
-by the session (stream's engine with pad_partial, see stream.infer_cuda.fixed_batch_dim), and CUDA graphs (#5).
+by the session (stream's engine with pad_partial, see stream.engines.cuda.fixed_batch_dim), and CUDA graphs (#5).
 
     python bench/ort_profile.py --model /tmp/models/r50_head_fp16.onnx --runs 40
 
@@ -29,9 +29,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream.infer import session_options  # noqa: E402
-from stream.infer_cuda import conv_algo_choice, fixed_batch_dim, ortvalue_as_cupy  # noqa: E402
-from stream.model import load_info  # noqa: E402
+from stream.engines.cpu import session_options  # noqa: E402
+from stream.engines.cuda import conv_algo_choice, fixed_batch_dim, ortvalue_as_cupy  # noqa: E402
+from stream.engines.model import load_info  # noqa: E402
 
 
 def make_session(info: Any, stream: Any, fixed: bool, graph: bool = False, profile: str | None = None) -> Any:

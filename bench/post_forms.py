@@ -4,7 +4,7 @@ detections, time per batch, with and without Python threads competing for the GI
     python bench/post_forms.py                                   # here: the tiny architecture, numpy
     python bench/post_forms.py --device cuda --model /tmp/models/r50_head_fp16.onnx --video /tmp/hd.mp4
 
-"before" is stream/postprocess.py (and, on CUDA, stream/postprocess_cuda.py) as of --rev (default bbda3b5, the
+"before" is stream/engines/postprocess.py (and, on CUDA, stream/engines/postprocess_cuda.py) as of --rev (default bbda3b5, the
 form with ten waits for the stream a batch), loaded from git; "after" is the working tree's
 `Postprocessor.packed` (two waits). Both end with the engine's one download of the packed detections, which
 they must give identically (checked, every batch). The head outputs come from the model run by ONNX Runtime
@@ -31,9 +31,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream.frames import pack_detections, unpack_counted  # noqa: E402
-from stream.model import load_info  # noqa: E402
-from stream.postprocess import Postprocessor  # noqa: E402
+from stream.core.frames import pack_detections, unpack_counted  # noqa: E402
+from stream.engines.model import load_info  # noqa: E402
+from stream.engines.postprocess import Postprocessor  # noqa: E402
 
 
 def module_at(rev: str, path: str, name: str) -> Any:
@@ -100,7 +100,7 @@ def main() -> int:
     a = ap.parse_args()
     model = a.model
     if model is None:
-        from stream.export import export_model
+        from stream.tools.export import export_model
 
         model = export_model(Path(tempfile.mkdtemp()) / "tiny_head.onnx", arch="retinanet_tiny", weights="random",
                              input_size=(384, 640), batch=8, score_thresh=0.3, postprocess="device")  # fmt: skip
@@ -108,13 +108,13 @@ def main() -> int:
     n = info.batch
     sizes_host = np.array([[1920, 1080]] * n, np.int64)
     wh = (info.width, info.height)
-    old_pp = module_at(a.rev, "stream/postprocess.py", "_before_postprocess")
+    old_pp = module_at(a.rev, "stream/engines/postprocess.py", "_before_postprocess")
     if a.device == "cuda":
         import cupy as cp
 
-        from stream.postprocess_cuda import CupyOps
+        from stream.engines.postprocess_cuda import CupyOps
 
-        old_ops = module_at(a.rev, "stream/postprocess_cuda.py", "_before_postprocess_cuda").CupyOps()
+        old_ops = module_at(a.rev, "stream/engines/postprocess_cuda.py", "_before_postprocess_cuda").CupyOps()
         xp, new_ops = cp, CupyOps()
         stream = cp.cuda.Stream(non_blocking=True)
         cls, reg = cp.asarray(cls), cp.asarray(reg)

@@ -14,7 +14,7 @@ For each configuration (post-processing, batch, precision) one engine is made as
 up through the whole pipeline on a 1-second clip, then:
 - inference only: the engine (ORT run + post-processing + the one download) fed pre-made device batches
   from `buffers` threads for --infer-seconds (bench/streams.py's `inference_only`);
-- end to end: --streams file streams of the video through `stream.pipeline.Runner` to a real ZeroMQ
+- end to end: --streams file streams of the video through `stream.core.runner.Runner` to a real ZeroMQ
   publisher drained by a subscriber, aggregate fps over the steady window (bench/streams.py's `end_to_end`).
 The naive loop (PyAV decode, OpenCV resize, `session.run` on host arrays, batch 1 fp32, graph model) runs
 once on the same video. Ratios: each configuration against the naive loop, device against graph
@@ -44,11 +44,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from streams import Drain, end_to_end, inference_only, premade_batches, stream_paths  # noqa: E402
 from throughput import naive_loop  # noqa: E402
 
-from stream import config, pipeline  # noqa: E402
-from stream.model import ModelInfo, load_info  # noqa: E402
-from stream.publish import Publisher  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream import config
+from stream.core.runner import Runner  # noqa: E402
+from stream.engines.model import ModelInfo, load_info  # noqa: E402
+from stream.sinks.publish import Publisher  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 
 TARGET_FPS = 400.0
 TARGET_NAIVE = 8.0
@@ -61,7 +62,7 @@ def model_file(folder: Path, pp: str, batch: int, prec: str) -> Path:
 
 def export_cpu_models(folder: Path) -> None:
     """The tiny architecture exported the six ways, named like the GPU host's files."""
-    from stream.export import export_model
+    from stream.tools.export import export_model
 
     common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (384, 640), "score_thresh": 0.3}
     for prec in ("fp32", "fp16"):
@@ -82,10 +83,10 @@ def info_for(path: Path, batch: int) -> ModelInfo:
 def make_engine(device: str, info: ModelInfo, buffers: int, provider_options: dict[str, str] | None = None,
                 cuda_graph: str = config.Config.cuda_graph) -> Any:  # fmt: skip
     if device == "cuda":
-        from stream.infer_cuda import CudaEngine
+        from stream.engines.cuda import CudaEngine
 
         return CudaEngine(info, buffers=buffers, provider_options=provider_options, cuda_graph=cuda_graph)
-    from stream.infer import CpuEngine
+    from stream.engines.cpu import CpuEngine
 
     return CpuEngine(info)
 
@@ -98,7 +99,7 @@ async def measure_config(a: argparse.Namespace, pub: Publisher, drain: Drain, in
     engine = await asyncio.to_thread(make_engine, a.device, info, a.buffers, None, cuda_graph)
     try:
         made = time.perf_counter() - t
-        w = await pipeline.Runner(cfg, [Source(f"warm-{tag}", str(warm))], info, engine, pub).run()
+        w = await Runner(cfg, [Source(f"warm-{tag}", str(warm))], info, engine, pub).run()
         if w[f"warm-{tag}"].state != "completed":
             raise SystemExit(f"{tag}: warm-up failed: {w[f'warm-{tag}'].error}")
         batches = await asyncio.to_thread(premade_batches, video, info, a.device, cfg, a.ceiling_batches)

@@ -4,7 +4,7 @@
     python bench/soak.py --minutes 10 --files 4 --live 1 --device cpu [--json OUT]
 
 What it does:
-- makes its test videos (stream/sample.py) in a scratch folder, starts GStreamer's RTSP server
+- makes its test videos (stream/tools/sample.py) in a scratch folder, starts GStreamer's RTSP server
   (tests/rtsp_server.py, with the system python3) when --live > 0, and starts `stream run --loop --control
   --metrics-port` as a subprocess on loopback ports of its own;
 - reads every message with a steady subscriber (RCVHWM 0) and checks, per stream: frame numbers contiguous
@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from stream.client import SeqGaps  # noqa: E402
 from stream.messages import decode  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
 from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
 
 from tests.loopback import SYSTEM_PYTHON  # noqa: E402

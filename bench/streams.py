@@ -6,13 +6,13 @@ inference-only ceiling of the same engine, measured in one run.
         --json streams.json --plot streams.png
 
 For every buffers value of the run (--buffers, and --sweep-buffers) one engine is made exactly as `stream run`
-makes it (`stream.pipeline.make_engine`) and warmed up on a 1-second clip through the whole pipeline. With it:
+makes it (`stream.engines.device.make_engine`) and warmed up on a 1-second clip through the whole pipeline. With it:
 
 - inference only (the ceiling): the engine fed in a tight loop from `engine.buffers` threads with pre-made
   batches (--ceiling-batches real batches of the video, decoded and preprocessed once, spread over the file so
   that the in-graph NMS sees the video's mix of detections; on the GPU they stay in device memory). images/s,
   measured for --infer-seconds before and again after the engine's end-to-end points; their mean is the ceiling.
-- end to end: `stream.pipeline.Runner` with N file sources, each its own path to the video (hard links in a
+- end to end: `stream.core.runner.Runner` with N file sources, each its own path to the video (hard links in a
   temporary folder), so every stream has its own decoder, publishing to a real Publisher on
   tcp://127.0.0.1:* that a subscriber (a thread here) drains. Aggregate fps = frames published in the steady
   window / its length. The window opens once every stream has published its first frame (start-up of N
@@ -49,13 +49,16 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream import config, pipeline  # noqa: E402
-from stream.decode import probe  # noqa: E402
-from stream.frames import Batch  # noqa: E402
-from stream.model import ModelInfo, default_model_path, load_info  # noqa: E402
-from stream.publish import Publisher  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream import config
+from stream.core.runner import Runner  # noqa: E402
+from stream.engines.device import make_engine  # noqa: E402
+from stream.sources.registry import make_one_pass  # noqa: E402
+from stream.sources.pyav import probe  # noqa: E402
+from stream.core.frames import Batch  # noqa: E402
+from stream.engines.model import ModelInfo, default_model_path, load_info  # noqa: E402
+from stream.sinks.publish import Publisher  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 
 TARGET_BUFFERS = 1.4  # 2 buffers against 1, end to end
 TARGET_E2E = 0.90  # end to end against inference only, same buffers
@@ -103,7 +106,7 @@ def premade_batches(video: Path, info: ModelInfo, device: str, cfg: config.Confi
     src = Source("ceiling", str(video))
     total = probe(src).frames_declared or 0
     step = max(1, (total // info.batch) // max(1, count)) if total else 1
-    bsrc = pipeline.make_one_pass(src, info, device, cfg)
+    bsrc = make_one_pass(src, info, device, cfg)
     kept: list[Batch] = []
     try:
         for i, batch in enumerate(bsrc):
@@ -225,7 +228,7 @@ async def end_to_end(
             first.setdefault(sid, t)
 
     sources = [Source(f"{tag}-s{i:02d}", str(p)) for i, p in enumerate(paths)]
-    runner = pipeline.Runner(cfg, sources, info, engine, pub, progress=progress)
+    runner = Runner(cfg, sources, info, engine, pub, progress=progress)
     t_call = time.perf_counter()
     task = asyncio.create_task(runner.run())
     opened: float | None = None
@@ -430,10 +433,10 @@ async def measure(a: argparse.Namespace, res: dict[str, Any], video: Path, warm:
             cfg = config.load(None, {"device": a.device, "device_id": a.device_id, "model": str(model), "buffers": b,
                                      "progress": "off", **overrides})  # fmt: skip
             t = time.perf_counter()
-            engine = await asyncio.to_thread(pipeline.make_engine, a.device, info, cfg)
+            engine = await asyncio.to_thread(make_engine, a.device, info, cfg)
             try:
                 made = time.perf_counter() - t
-                warm_stats = await pipeline.Runner(cfg, [Source(f"warm-b{b}", str(warm))], info, engine, pub).run()
+                warm_stats = await Runner(cfg, [Source(f"warm-b{b}", str(warm))], info, engine, pub).run()
                 if warm_stats[f"warm-b{b}"].state != "completed":
                     raise SystemExit(f"warm-up failed: {warm_stats[f'warm-b{b}'].error}")
                 if batches is None:

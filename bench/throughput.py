@@ -5,7 +5,7 @@
 
 The naive loop: PyAV decodes each frame to RGB on the host, OpenCV resizes it, numpy scales it, and
 `session.run` takes the host array, one frame at a time (batch 1), on the same execution provider.
-Ours: `stream.pipeline` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
+Ours: `stream.core.pipeline` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
 after a warm-up run on a short clip so that session creation and cuDNN's algorithm search are not timed.
 Both read the same video; prints both fps and their ratio, and writes them as JSON with --json.
 """
@@ -26,11 +26,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from stream import config, pipeline  # noqa: E402
-from stream.model import default_model_path, load_info  # noqa: E402
-from stream.publish import Publisher  # noqa: E402
-from stream.sample import make_sample_video  # noqa: E402
-from stream.sources import Source  # noqa: E402
+from stream import config
+from stream.core.runner import Runner  # noqa: E402
+from stream.engines.device import make_engine  # noqa: E402
+from stream.engines.model import default_model_path, load_info  # noqa: E402
+from stream.sinks.publish import Publisher  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
+from stream.sources.naming import Source  # noqa: E402
 
 
 def naive_loop(video: Path, model: Path, device: str, frames: int, warmup: int = 5) -> float:
@@ -62,13 +64,13 @@ def naive_loop(video: Path, model: Path, device: str, frames: int, warmup: int =
 
 async def _ours(cfg: config.Config, warm: Path, video: Path) -> tuple[float, int, float]:
     info = load_info(cfg.model or default_model_path())
-    engine = await asyncio.to_thread(pipeline.make_engine, cfg.device, info, cfg)
+    engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     pub = Publisher("tcp://127.0.0.1:*", cfg.format, cfg.publish_hwm, 0.0)
     await pub.start()
     try:
-        await pipeline.Runner(cfg, [Source("warm", str(warm))], info, engine, pub).run()
+        await Runner(cfg, [Source("warm", str(warm))], info, engine, pub).run()
         stamps: list[float] = []
-        runner = pipeline.Runner(
+        runner = Runner(
             cfg, [Source("bench", str(video))], info, engine, pub,
             progress=lambda s, n, e: stamps.append(time.perf_counter()) if n else None,
         )

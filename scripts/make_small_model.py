@@ -6,7 +6,7 @@
     python scripts/make_small_model.py --batch 1 --output stream/models/retinanet_tiny_b1.onnx
                                                        # the same weights at batch 1 (bench/throughput.py's naive loop)
 
-The model is retinanet_tiny with seeded random weights (see stream/export.py for why its random init
+The model is retinanet_tiny with seeded random weights (see stream/tools/export.py for why its random init
 still follows the picture). The threshold is chosen so that on the sample video the number of
 detections varies from frame to frame, is 0 on the dark frames and on a few others, and stays well below
 max_detections: a test model whose output is neither always empty nor always full. The check fails
@@ -28,9 +28,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream.export import export_model  # noqa: E402
-from stream.model import load_info  # noqa: E402
-from stream.sample import dark_frames, make_sample_video  # noqa: E402
+from stream.tools.export import export_model  # noqa: E402
+from stream.engines.model import load_info  # noqa: E402
+from stream.tools.sample import dark_frames, make_sample_video  # noqa: E402
 
 SCORE_THRESH = 0.45
 MAX_DETECTIONS = 100

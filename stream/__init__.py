@@ -13,7 +13,7 @@ __all__ = ["Pipeline", "__version__"]
 
 def __getattr__(name: str) -> Any:  # the API is imported on first use: `import stream` stays light
     if name == "Pipeline":
-        from .api import Pipeline
+        from stream.api import Pipeline
 
         return Pipeline
     raise AttributeError(f"module 'stream' has no attribute {name!r}")

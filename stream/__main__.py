@@ -1,5 +1,5 @@
 import sys
 
-from .cli import main
+from stream.daemon.cli import main
 
 sys.exit(main())

@@ -24,8 +24,9 @@ import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
-from . import config as config_mod
-from .pipeline import Runner, make_engine, newest_source, resolve
+from stream import config as config_mod
+from stream.core.build import build_run
+from stream.core.runner import Runner
 
 _END = object()
 
@@ -60,27 +61,16 @@ class Pipeline:
             self._loop.call_soon_threadsafe(self._runner.stop)
 
     async def messages(self) -> AsyncIterator[dict[str, Any]]:
-        from .infer import choose_device
-
-        cfg = self.config
-        sources, info = resolve(cfg)
-        device = choose_device(cfg.device, cfg.device_id)
-        engine = await asyncio.to_thread(make_engine, device, info, cfg)
         sink = _QueueSink(self.max_pending)
-        annotating = None
-        if cfg.annotate_dir:
-            from .annotate import AnnotatingSink
-
-            annotating = AnnotatingSink(sink, cfg.annotate_dir, lambda sid: newest_source(sources, sid))
-        runner = Runner(cfg, sources, info, engine, annotating or sink, handle_signals=False)
+        run = await build_run(self.config, sink=sink)
+        runner = run.runner
         self._runner, self._loop = runner, asyncio.get_running_loop()
 
         async def go() -> None:
             try:
                 self.stats = await runner.run()
             finally:
-                if annotating is not None:
-                    await annotating.close()
+                await run.close()
                 await sink.queue.put(_END)
 
         task = asyncio.create_task(go(), name="stream-pipeline")
@@ -94,9 +84,9 @@ class Pipeline:
                 while not task.done():
                     try:
                         await asyncio.wait_for(sink.queue.get(), 0.1)
-                    except asyncio.TimeoutError:
+                    except TimeoutError:
                         pass
-            engine.close()
+            await run.close()
             self._runner = None
 
     def __iter__(self) -> Iterator[dict[str, Any]]:

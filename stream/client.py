@@ -32,8 +32,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from .messages import decode
-from .security import make_client
+from stream.messages import decode
+from stream.sinks.curve import make_client
 
 
 def _connect(

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
+from stream.errors import ConfigError
 
 DEVICES = ("auto", "cpu", "cuda")
 FORMATS = ("json", "msgpack")
@@ -21,7 +21,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 RTSP_TRANSPORTS = ("tcp", "udp")
 LIVE_DECODES = ("auto", "nvdec", "cpu")
 CONV_ALGO_SEARCHES = ("auto", "exhaustive", "heuristic", "default")  # ORT CUDA's cudnn_conv_algo_search
-CUDA_GRAPHS = ("auto", "on", "off")  # ORT CUDA's enable_cuda_graph (stream.infer_cuda.cuda_graph_choice)
+CUDA_GRAPHS = ("auto", "on", "off")  # ORT CUDA's enable_cuda_graph (stream.engines.cuda.cuda_graph_choice)
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class Config:
     curve_clients: str = ""  # folder of the clients' public .key files
     control_roots: tuple[str, ...] = ()  # folders `stream ctl add` may read files under; none: no files
     control_schemes: tuple[str, ...] = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt")
-    # live feeds (stream/live.py)
+    # live feeds (stream/sources/live.py)
     live_decode: str = "auto"  # auto: NVDEC on cuda for H.264/HEVC where PyNvVideoCodec imports; nvdec: require it; cpu
     rtsp_transport: str = "tcp"  # TCP: no lost UDP packets, passes NAT and firewalls
     reconnect_initial_s: float = 0.5  # first wait before reconnecting; doubles per failure in a row
@@ -73,7 +73,7 @@ class Config:
     max_reconnects: int = 0  # reconnects in a row without a frame before the stream fails; 0: forever
     max_staleness_ms: int = 100  # live frames: capture-to-publish budget; dropped when batched or run past it
     batch_timeout_ms: int = 50  # a partial live batch is handed out once its first frame is this old
-    # one worker process per entry (stream/workers.py): CUDA indexes (0, 1, ...) or "cpu" once per CPU worker;
+    # one worker process per entry (stream/daemon/supervisor.py): CUDA indexes (0, 1, ...) or "cpu" once per CPU worker;
     # () (the default): one worker, in this process, on device/device_id
     devices: tuple[int | str, ...] = ()
     config_path: Path | None = field(default=None, compare=False)

@@ -6,15 +6,19 @@ Every message is multipart `[topic, payload]`: topic is the stream id in UTF-8, 
     detections  {"v":1, "type":"detections", "stream":ID, "frame":i, "pts_s":float|null, "captured_at":unix_s,
                  "published_at":unix_s, "width":W, "height":H,
                  "detections":[{"box":[x1,y1,x2,y2], "score":s, "label":int, "name":str}, ...]}
-    eos         {"v":1, "type":"eos", "stream":ID, "frames":N}
+    eos         {"v":1, "type":"eos", "stream":ID, "frames":N, "read":R, "dropped":D}
     status      {"v":1, "type":"status", "stream":ID, "state":"failed"|..., "error":str|null}
 
 A stream's last message is its `eos` (it ended and every frame was published) or a `status` with state
-"failed" (frames before the failure were published; `frames` in the status says how many).
+"failed" (frames before the failure were published; `frames` in the status says how many). In the `eos`,
+`frames` counts the detections messages published, `read` the frames the stream's source decoded and
+`dropped` those dropped on purpose and counted (live feeds: stale or no free buffer; see
+`stream_dropped_frames_total`): read = frames + dropped. `read` and `dropped` were added to version 1
+(additive fields: readers that do not know them ignore them) and are absent from older daemons' messages.
 
 `seq` (an additional version-1 field, on every message that crosses ZeroMQ): the publisher's counter per
 stream id, 0, 1, 2, ... over all of that stream's messages (detections, status, eos), assigned by
-`stream.publish.Publisher` when it sends. ZeroMQ drops silently, per subscriber, once that subscriber's
+`stream.sinks.publish.Publisher` when it sends. ZeroMQ drops silently, per subscriber, once that subscriber's
 queue is full (`publish_hwm`); a gap in `seq` is how a subscriber learns how many messages it missed
 (`stream.client.SeqGaps` counts them). A subscriber that joins late starts from whatever `seq` it first
 sees; a `seq` that goes back (a daemon restarted) starts counting again. The in-process
@@ -32,7 +36,7 @@ from typing import Any
 
 VERSION = 1
 FORMATS = ("json", "msgpack")
-STATES = ("starting", "streaming", "failed", "completed", "connecting", "stalled", "reconnecting")
+STATES = ("starting", "streaming", "failed", "completed", "connecting", "stalled", "reconnecting", "moved")
 
 _REQUIRED: dict[str, dict[str, type | tuple[type, ...]]] = {
     "detections": {
@@ -96,8 +100,14 @@ def detections(
     }
 
 
-def eos(stream: str, frames: int) -> dict[str, Any]:
-    return {"v": VERSION, "type": "eos", "stream": stream, "frames": frames}
+def eos(stream: str, frames: int, *, read: int | None = None, dropped: int | None = None) -> dict[str, Any]:
+    """The end of a stream: `frames` published; `read` decoded and `dropped` counted, where known."""
+    msg: dict[str, Any] = {"v": VERSION, "type": "eos", "stream": stream, "frames": frames}
+    if read is not None:
+        msg["read"] = read
+    if dropped is not None:
+        msg["dropped"] = dropped
+    return msg
 
 
 def status(stream: str, state: str, error: str | None = None, **extra: Any) -> dict[str, Any]:
@@ -118,10 +128,11 @@ def validate(msg: Any) -> dict[str, Any]:
             raise MessageError(f"{kind} message lacks {key!r}")
         if isinstance(msg[key], bool) or not isinstance(msg[key], typ):
             raise MessageError(f"{kind} message field {key!r} has the wrong type: {msg[key]!r}")
-    if "seq" in msg:
-        seq = msg["seq"]
-        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 0:
-            raise MessageError(f"{kind} message field 'seq' must be a non-negative int; got {seq!r}")
+    for key in ("seq", "read", "dropped") if kind == "eos" else ("seq",):
+        if key in msg:
+            value = msg[key]
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise MessageError(f"{kind} message field {key!r} must be a non-negative int; got {value!r}")
     if kind == "detections":
         for i, d in enumerate(msg["detections"]):
             if not isinstance(d, dict) or not {"box", "score", "label"} <= set(d):

@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from stream.model import default_model_path, load_info
-from stream.sample import make_sample_video
+from stream.engines.model import default_model_path, load_info
+from stream.tools.sample import make_sample_video
 
-from .loopback import free_port  # noqa: F401 - the tests import it from here
+from tests.loopback import free_port  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -94,14 +94,16 @@ def collect_run(sources: list[str], endpoint: str, **settings: Any) -> tuple[Any
     """Run the pipeline in-process with a real subscriber on `endpoint`; returns (RunResult, messages by stream)."""
     import asyncio
 
-    from stream import config, pipeline
+    from stream import config
+    from stream.daemon.serve import serve
+    from stream.sources.naming import expand
 
     settings.setdefault("device", "cpu")
     settings.setdefault("progress", "off")
     cfg = config.load(None, {"sources": sources, "publish": endpoint, "wait_subscribers": 1,
                              "wait_subscribers_timeout_s": 60.0, **settings})
-    col = Collector(endpoint, expect_streams=len(pipeline.expand(cfg.sources)))
-    result = asyncio.run(pipeline.run(cfg))
+    col = Collector(endpoint, expect_streams=len(expand(cfg.sources)))
+    result = asyncio.run(serve(cfg))
     col.join()
     return result, col.by_stream()
 

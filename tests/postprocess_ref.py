@@ -1,4 +1,4 @@
-"""torchvision's own RetinaNet post-processing as the reference for stream.postprocess, and the comparison.
+"""torchvision's own RetinaNet post-processing as the reference for stream.engines.postprocess, and the comparison.
 
 Tolerance (stated once, used by the CPU and the GPU parity tests): a reference detection is matched by one of
 ours in the same image with the same label, every box coordinate within BOX_TOL pixels and the score within
@@ -23,8 +23,8 @@ def reference(spec: Any, cls: np.ndarray, reg: np.ndarray, device: str = "cpu") 
     graph-mode export does), with the head's thresholds; per image boxes/scores/labels as numpy."""
     import torch
 
-    from stream.export import build_model
-    from stream.postprocess import anchors
+    from stream.tools.export import build_model
+    from stream.engines.postprocess import anchors
 
     model = build_model("retinanet_tiny", "random", score_thresh=spec.score_thresh,
                         max_detections=spec.detections_per_img, seed=0)  # fmt: skip

@@ -12,8 +12,8 @@ from typing import Any
 
 from stream import Pipeline
 
-from .conftest import ROOT, detections_of
-from .test_e2e import decoded_frames
+from tests.conftest import ROOT, detections_of
+from tests.scenarios.test_e2e import decoded_frames
 
 
 def readme_example() -> str:
@@ -45,7 +45,7 @@ def test_blocking_iterator_gives_every_frame(videos: dict[str, Path]) -> None:
     for sid, path in (("a", videos["plain"]), ("b", videos["bframes"])):
         n = decoded_frames(path)
         assert [m["frame"] for m in msgs[sid][:-1]] == list(range(n))
-        assert msgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n}
+        assert msgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0}
     assert p.stats["a"].state == "completed"
 
 
@@ -59,7 +59,7 @@ def test_async_iterator_matches_blocking(videos: dict[str, Path]) -> None:
 
 
 def test_break_stops_the_pipeline(tmp_path: Path) -> None:
-    from stream.sample import make_sample_video
+    from stream.tools.sample import make_sample_video
 
     long = make_sample_video(tmp_path / "long.mp4", width=320, height=240, seconds=30.0)
     seen = 0

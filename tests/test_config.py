@@ -146,7 +146,7 @@ def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> Non
     exhaustive search for fixed-batch ones (one shape); an explicit setting is passed on as ORT spells it."""
     from dataclasses import replace
 
-    from stream.infer_cuda import conv_algo_choice
+    from stream.engines.cuda import conv_algo_choice
 
     fixed = replace(model_info, dynamic_batch=False)  # type: ignore[type-var]
     dynamic = replace(model_info, dynamic_batch=True)  # type: ignore[type-var]
@@ -166,8 +166,8 @@ def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object)
     from dataclasses import replace
 
     from stream.errors import ModelError
-    from stream.infer_cuda import cuda_graph_choice
-    from stream.postprocess import HeadSpec, Level
+    from stream.engines.cuda import cuda_graph_choice
+    from stream.engines.postprocess import HeadSpec, Level
 
     spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
     head_dyn = replace(model_info, head=spec, dynamic_batch=True)  # type: ignore[type-var]

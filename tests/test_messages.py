@@ -24,7 +24,12 @@ def test_detection_fields() -> None:
         "published_at": 2.0, "width": 640, "height": 360,
         "detections": [{"box": [1.23, 2.0, 3.0, 4.57], "score": 0.12346, "label": 3, "name": "car"}],
     }
-    assert messages.eos("cam", 10) == {"v": 1, "type": "eos", "stream": "cam", "frames": 10}
+    assert messages.eos("cam", 10) == {"v": 1, "type": "eos", "stream": "cam", "frames": 10}  # an older daemon's
+    assert messages.eos("cam", 10, read=12, dropped=2) == {"v": 1, "type": "eos", "stream": "cam", "frames": 10,
+                                                           "read": 12, "dropped": 2}  # fmt: skip
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(messages.MessageError, match="read"):
+            messages.validate({**messages.eos("cam", 10), "read": bad})
     assert messages.status("cam", "failed", "boom")["error"] == "boom"
 
 

@@ -1,0 +1,161 @@
+"""One way to build a run, used by the command line, the Python API and every worker process alike.
+
+`build_run(cfg)` resolves what the config names (streams, or the embedded sample; the model, or the small one
+shipped), chooses the device, makes the engine, the sink and the runner. The caller then starts it, runs it
+and closes it (`async with run:` does the first and the last):
+
+    run = await build_run(cfg)                      # a ZeroMQ publisher on cfg.publish
+    run = await build_run(cfg, sink=my_sink)        # messages to my_sink instead (stream.api's queue)
+    async with run:
+        stats = await run.runner.run()
+
+What only a daemon has (signals, the HTTP status page and metrics, the control endpoint) is added around a
+run by stream.daemon; `wrap_sink` and `wrap_source` let a worker process put its resume logic in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from stream.config import Config
+from stream.core.frames import BatchSource, Engine, Sink
+from stream.core.instrument import Instrument
+from stream.core.runner import Runner
+from stream.core.stats import ProgressFn
+from stream.engines.model import ModelInfo, default_model_path, load_info
+from stream.sinks.curve import ServerKeys, server_keys
+from stream.sinks.publish import Publisher
+from stream.sources.naming import Source, expand
+
+log = logging.getLogger(__name__)
+
+
+def sample_video_path() -> Path:
+    """The embedded default's video, made on first use in the user's cache folder."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stream"
+    path = cache / "sample-640x360-h264.mp4"
+    if not path.exists():
+        from stream.tools.sample import make_sample_video
+
+        cache.mkdir(parents=True, exist_ok=True)
+        log.info("making the sample video %s", path)
+        make_sample_video(path)
+    return path
+
+
+def resolve(cfg: Config) -> tuple[list[Source], ModelInfo]:
+    """Streams and model for a config; the embedded default where none are given."""
+    sources = expand(cfg.sources)
+    if not sources:
+        sources = [Source("sample", str(sample_video_path()))]
+    info = load_info(cfg.model or default_model_path())
+    return sources, info
+
+
+def newest_source(sources: list[Source], stream_id: str) -> Source | None:
+    """The source a stream id names now (Runner.add appends to the list; a re-added id is its last entry)."""
+    return next((s for s in reversed(sources) if s.id == stream_id), None)
+
+
+@dataclass
+class Run:
+    """The parts of one run, built and not yet started."""
+
+    cfg: Config
+    sources: list[Source]
+    info: ModelInfo
+    device: str
+    engine: Engine
+    keys: ServerKeys | None  # CURVE for the publisher and the control endpoint
+    publisher: Publisher | None  # None when the caller gave its own sink
+    sink: Sink  # what the runner sends to: the publisher or the caller's sink, wrapped as asked
+    runner: Runner
+    _closers: list[Callable[[], object]] = field(default_factory=list)
+
+    @property
+    def endpoint(self) -> str:
+        return self.publisher.endpoint if self.publisher is not None else "(in process)"
+
+    async def start(self) -> None:
+        """Bind the publisher (a bad endpoint is an error here, before any frame is read)."""
+        if self.publisher is not None:
+            await self.publisher.start()
+
+    async def close(self) -> None:
+        """Close what the run opened, last made first closed: annotators, publisher, engine. Idempotent."""
+        while self._closers:
+            result = self._closers.pop()()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def __aenter__(self) -> Run:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+
+async def build_run(
+    cfg: Config,
+    *,
+    sources: list[Source] | None = None,
+    sink: Sink | None = None,
+    wrap_sink: Callable[[Sink], Sink] | None = None,
+    wrap_source: Callable[[Source, BatchSource], BatchSource] | None = None,
+    progress: ProgressFn | None = None,
+    instrument: Instrument | None = None,
+    keep_running: bool = False,
+) -> Run:
+    """Everything a run needs, from a config. Raises StreamError for whole-run faults (sources, model, device,
+    CURVE keys); the engine is made in a worker thread (ONNX Runtime's session creation blocks). `sources`
+    replaces what the config names (a worker process gets its share of the streams)."""
+    from stream.engines.device import choose_device, make_engine
+    from stream.sources.registry import make_source
+
+    if sources is None:
+        sources, info = resolve(cfg)
+    else:
+        info = load_info(cfg.model or default_model_path())
+    keys = server_keys(cfg.curve_secret, cfg.curve_clients)
+    device = choose_device(cfg.device, cfg.device_id)
+    engine = await asyncio.to_thread(make_engine, device, info, cfg)
+    closers: list[Callable[[], object]] = [engine.close]
+    publisher = None
+    if sink is None:
+        publisher = Publisher(cfg.publish, cfg.format, cfg.publish_hwm, cfg.linger_s, keys=keys)
+        sink = publisher
+        closers.append(publisher.close)
+    if wrap_sink is not None:
+        sink = wrap_sink(sink)
+    if cfg.annotate_dir:  # annotated videos: a tee that never waits for the annotators (stream.sinks.annotate)
+        from stream.sinks.annotate import AnnotatingSink
+
+        annotating = AnnotatingSink(sink, cfg.annotate_dir, lambda sid: newest_source(sources, sid))
+        closers.append(annotating.close)
+        sink = annotating
+
+    def open_source(src: Source) -> BatchSource:
+        bsrc = make_source(src, info, engine.device, cfg)
+        return wrap_source(src, bsrc) if wrap_source is not None else bsrc
+
+    runner = Runner(
+        cfg,
+        sources,
+        info,
+        engine,
+        sink,
+        progress=progress,
+        source_factory=open_source,
+        instrument=instrument,
+        keep_running=keep_running,
+    )
+    return Run(cfg, sources, info, device, engine, keys, publisher, sink, runner, closers)

@@ -1,0 +1,68 @@
+"""What a person sees while `stream run` works: a progress bar per stream, a summary table at the end."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from stream.core.stats import StreamStats
+
+
+class ProgressBars:
+    """One bar per stream; updated from the loop thread only (the Runner's progress callback)."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Progress | None = None
+        self._tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> ProgressBars:
+        if self.enabled:
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[fps]:>6.1f} fps"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def update(self, stream: str, frames: int, expected: int | None) -> None:
+        if self._progress is None:
+            return
+        task = self._tasks.get(stream)
+        if task is None:
+            task = self._tasks[stream] = self._progress.add_task(stream, total=expected, fps=0.0)
+        elapsed = self._progress.tasks[task].elapsed or 0.0
+        self._progress.update(task, completed=frames, total=expected, fps=frames / elapsed if elapsed > 0 else 0.0)
+
+
+def progress_enabled(setting: str) -> bool:
+    return setting == "on" or (setting == "auto" and sys.stderr.isatty())
+
+
+def summary_table(stats: dict[str, StreamStats], device: str) -> Table:
+    table = Table(title=f"stream run ({device})", title_justify="left")
+    for col, just in (("stream", "left"), ("state", "left"), ("frames", "right"), ("fps", "right"),
+                      ("detections", "right"), ("error", "left")):
+        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    for st in stats.values():
+        table.add_row(
+            st.id, st.state, str(st.frames), f"{st.fps:.1f}", str(st.detections), (st.error or "")[:120]
+        )
+    return table
+
+
+def print_summary(stats: dict[str, StreamStats], device: str) -> None:
+    Console(stderr=True, width=160).print(summary_table(stats, device))

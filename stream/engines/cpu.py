@@ -1,0 +1,83 @@
+"""Inference with ONNX Runtime's CPU provider.
+
+The CUDA engine lives in `engines/cuda.py` (imported only where CUDA is used); `engines/device.py` chooses
+between them. Both engines take a Batch, run it, map boxes back to source pixels with
+`frames.pack_detections`, and give the batch's buffer back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import numpy as np
+
+from stream.errors import InferenceError, ModelError, first_line
+from stream.core.frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
+from stream.engines.model import ModelInfo
+
+log = logging.getLogger(__name__)
+
+
+def session_options(threads: int | None = None):  # -> ort.SessionOptions
+    """Session options for both engines.
+
+    Memory: ORT's CPU arena stays on (buffers are reused between runs; the CPU soak test runs 20,000 frames and
+    checks resident memory grows under 5% after warm-up). The CUDA provider's arena is set in engines/cuda.py.
+    """
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if threads:
+        so.intra_op_num_threads = threads
+    return so
+
+
+class CpuEngine:
+    """ORT's CPU provider. One session: concurrent runs would only compete for the same cores."""
+
+    device = "cpu"
+
+    def __init__(self, info: ModelInfo, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        self.info = info
+        self.buffers = 1
+        self.threads = threads or os.cpu_count() or 1
+        try:
+            self.session = ort.InferenceSession(
+                str(info.path), session_options(self.threads), providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:
+            raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
+        log.info("cpu engine: %d intra-op thread(s), model %s", self.threads, info.path.name)
+        self.post = None
+        if info.head is not None:
+            from stream.engines.postprocess import Postprocessor
+
+            self.post = Postprocessor(info.head)
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        info = self.info
+        snaps = snapshot_rows(batch, batch.data) if batch.snap_rows else None
+        n = len(batch.frames)
+        x = batch.data[:n] if info.dynamic_batch else batch.data  # a partial batch runs at its own size
+        try:
+            outs = self.session.run(info.output_names, {info.input_name: x})
+        except Exception as exc:
+            raise InferenceError(
+                f"stream {batch.stream}: model {info.path.name} failed on frames "
+                f"{batch.frames[0].index}-{batch.frames[-1].index}: {first_line(exc, 400)}"
+            ) from exc
+        finally:
+            batch.done()
+        sizes = np.array([[m.width, m.height] for m in batch.frames], np.int64)
+        if self.post is not None:
+            outs = list(self.post(outs[0], outs[1], n))
+        bi = outs[3] if len(outs) > 3 else None
+        packed = pack_detections(np, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
+        return split_results(batch.frames, packed, snaps)
+
+    def close(self) -> None:
+        self.session = None  # type: ignore[assignment]

@@ -1,0 +1,75 @@
+"""Which batch source reads a stream: the registry of decoders, chosen by device, codec and kind of source.
+
+- Files on CUDA: DALI on NVDEC (decode, resize and normalize on the device) for H.264/HEVC in 4:2:0; other
+  codecs decode with PyAV on the CPU and are uploaded, with a warning naming the stream.
+- Live feeds: PyNvVideoCodec on NVDEC frame by frame on CUDA (`live_decode`), else PyAV on the CPU.
+- Everything else: PyAV on the CPU, preprocessed on the host.
+- Files with `loop` (or cfg.loop) are replayed forever (LoopingSource).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from stream.config import Config
+from stream.core.frames import BatchSource
+from stream.engines.model import ModelInfo
+from stream.errors import SourceError, StreamError
+from stream.sources.naming import Source, redact
+
+log = logging.getLogger(__name__)
+
+CPU_POOL_SLOTS = 2
+
+
+def pool_size(cfg: Config, device: str) -> int:
+    """Pooled batches of a stream's source: those queued (`queue_batches`), those in the engine's slots or being
+    published, and the one being filled. On CUDA the slots are `buffers`; the CPU engine runs one session
+    whatever `buffers` says, and its pool stays as it was measured with `buffers` at its old default, 2."""
+    return cfg.queue_batches + (cfg.buffers if device == "cuda" else CPU_POOL_SLOTS) + 1
+
+
+def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
+    """A stream's batch source; files with `loop` (or cfg.loop) are replayed forever."""
+    if not src.live and (src.loop or cfg.loop):
+        from stream.sources.looping import LoopingSource
+
+        return LoopingSource(lambda: make_one_pass(src, info, device, cfg))
+    return make_one_pass(src, info, device, cfg)
+
+
+def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
+    """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyNvVideoCodec on NVDEC for live
+    H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
+    pool = pool_size(cfg, device)
+    if device == "cuda" and not src.live:
+        from stream.sources.pyav import probe
+        from stream.sources.dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource
+
+        vi = probe(src)
+        if vi.codec in DALI_CODECS and vi.pix_fmt in DALI_PIX_FMTS:
+            try:
+                return DaliBatchSource(src, info, vi, device_id=cfg.device_id)
+            except StreamError as exc:
+                log.warning("%s; decoding this stream on the CPU with PyAV instead", exc)
+        else:
+            log.warning(
+                "stream %s: %s %s is not decoded by NVDEC here (it takes %s in 4:2:0); decoding on the CPU with PyAV",
+                src.id, vi.codec, vi.pix_fmt, "/".join(sorted(DALI_CODECS)),
+            )
+    if src.live:  # NVDEC frame by frame on cuda (live_decode), else PyAV on the CPU (the CUDA engine uploads)
+        from stream.sources.live import LiveBatchSource
+        from stream.sources.naming import LIVE_SCHEMES, scheme_of
+
+        scheme = scheme_of(src.location)
+        if scheme not in LIVE_SCHEMES:
+            raise SourceError(
+                f"stream {src.id}: unknown URL scheme {scheme!r} in {redact(src.location)}; "
+                f"stream reads {', '.join(LIVE_SCHEMES)} URLs and file paths",
+                stream=src.id,
+            )
+
+        return LiveBatchSource(src, info, cfg, pool=pool, device=device)
+    from stream.sources.host import HostBatchSource
+
+    return HostBatchSource(src, info, pool=pool)

@@ -1,0 +1,415 @@
+"""Batching across streams: partial batches of different streams share inference runs; order and results kept.
+
+The real path: the CPU engine and PyAV sources on files whose frame counts are not multiples of the model's
+batch (4), so every stream ends on a partial batch, run side by side. The Batcher's timing rules are checked
+on their own with a recording engine (a seam), in addition.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from stream import config
+from stream.core.runner import Runner
+from stream.daemon.serve import serve
+from stream.core.batcher import Batcher
+from stream.core.frames import Batch, FrameMeta, FrameResult
+from stream.engines.cpu import CpuEngine
+from stream.engines.model import default_model_path, load_info
+from stream.tools.sample import make_sample_video
+from stream.sources.naming import Source
+
+from stream.testing import ListSink, RecordingInstrument
+from tests.conftest import unmatched
+
+
+class CountingEngine:
+    """The real CPU engine, counting runs and the streams in each (a spy, not a fake)."""
+
+    def __init__(self, inner: CpuEngine) -> None:
+        self.inner, self.device, self.buffers = inner, inner.device, inner.buffers
+        self.runs: list[list[str]] = []
+        self._lock = threading.Lock()
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        with self._lock:
+            self.runs.append(sorted(set(batch.stream.split("+"))))
+        return self.inner.infer(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def _run(paths: dict[str, Path], timeout_ms: int) -> tuple[dict[str, list[dict[str, Any]]], CountingEngine, Any]:
+    info = load_info(default_model_path())
+    cfg = config.load(None, {"device": "cpu", "progress": "off", "batch_timeout_ms": timeout_ms})
+    engine = CountingEngine(CpuEngine(info))
+    sink = ListSink()
+    srcs = [Source(k, str(v)) for k, v in paths.items()]
+    runner = Runner(cfg, srcs, info, engine, sink)
+    stats = asyncio.run(runner.run())
+    assert all(s.state == "completed" for s in stats.values()), {k: s.error for k, s in stats.items()}
+    out: dict[str, list[dict[str, Any]]] = {}
+    for m in sink.messages:
+        out.setdefault(m["stream"], []).append(m)
+    return out, engine, runner
+
+
+def test_partial_batches_of_streams_share_runs_and_keep_order(tmp_path: Path) -> None:
+    # 10 fps: 0.5 s = 5 frames, 0.6 s = 6, 0.7 s = 7, 0.3 s = 3; batch 4 leaves tails of 1, 2, 3 and 3 frames
+    paths = {
+        f"s{i}": make_sample_video(tmp_path / f"s{i}.mp4", width=160 + 32 * i, height=120, fps=10, seconds=secs)
+        for i, secs in enumerate((0.5, 0.6, 0.7, 0.3))
+    }
+    frames = {"s0": 5, "s1": 6, "s2": 7, "s3": 3}
+    merged, eng_m, runner = _run(paths, timeout_ms=2000)
+    alone, eng_a, _ = _run(paths, timeout_ms=0)
+
+    for sid, n in frames.items():
+        msgs = merged[sid]
+        dets = [m for m in msgs if m["type"] == "detections"]
+        assert [m["frame"] for m in dets] == list(range(n)), sid  # every frame once, in order
+        assert msgs[-1]["type"] == "eos" and msgs[-1]["frames"] == n
+        assert [m["width"] for m in dets] == [160 + 32 * int(sid[1])] * n  # boxes mapped with this stream's size
+        ref = [m for m in alone[sid] if m["type"] == "detections"]
+        for a, b in zip(dets, ref):
+            assert not unmatched(a["detections"], b["detections"], min_iou=0.99, score_tol=1e-3, floor=0.0)
+            assert not unmatched(b["detections"], a["detections"], min_iou=0.99, score_tol=1e-3, floor=0.0)
+    # without batching across streams: one run per stream batch (2+2+2+1); with it, tails share runs
+    assert len(eng_a.runs) == 7 and all(len(r) == 1 for r in eng_a.runs)
+    assert any(len(r) > 1 for r in eng_m.runs), eng_m.runs
+    assert len(eng_m.runs) < len(eng_a.runs)
+    assert runner.batcher.merged >= 1
+
+
+# -- the Batcher's rules, with a recording engine ------------------------------------------------------------
+
+
+class RecordingEngine:
+    device, buffers = "cpu", 1
+
+    def __init__(self, fail: bool = False) -> None:
+        self.batches: list[tuple[str, list[int], float]] = []
+        self.fail = fail
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        self.batches.append((batch.stream, [m.index for m in batch.frames], time.time()))
+        batch.done()
+        if self.fail:
+            raise RuntimeError("boom")
+        z = np.zeros((0, 4), np.float32)
+        return [FrameResult(m, z, np.zeros(0, np.float32), np.zeros(0, np.int64)) for m in batch.frames]
+
+    def close(self) -> None:
+        pass
+
+
+INFO = load_info(default_model_path())
+
+
+def _part(stream: str, n: int, start: int = 0, age_s: float = 0.0, released: list[str] | None = None) -> Any:
+    """A partial batch made when submitted (its frames are stamped then, as a source stamps them)."""
+    return lambda: _make_part(stream, n, start, age_s, released)
+
+
+def _make_part(stream: str, n: int, start: int, age_s: float, released: list[str] | None) -> Batch:
+    info = INFO
+    now = time.time() - age_s
+    data = np.full((info.batch, 3, info.height, info.width), float(start), np.float32)
+    metas = [FrameMeta(start + i, None, now, 64, 48) for i in range(n)]
+    rel = (lambda: released.append(stream)) if released is not None else None
+    return Batch(stream, metas, data, release=rel)
+
+
+async def _batcher_case(engine: RecordingEngine, timeout_s: float, parts: list[tuple[Any, float]]) -> list[Any]:
+    info = INFO
+    runs = RecordingInstrument()
+    b = Batcher(engine, info, timeout_s, instrument=runs, workers=1)
+    futs = []
+    for part, delay in parts:
+        await asyncio.sleep(delay)
+        futs.append(b.submit(part()))
+    res = await asyncio.gather(*futs, return_exceptions=True)
+    await asyncio.to_thread(b.close)
+    return [res, [frames for frames, _ in runs.of("batch_ran")], b]
+
+
+def test_batcher_waits_for_rows_then_times_out() -> None:
+    eng = RecordingEngine()
+    released: list[str] = []
+    t0 = time.time()  # parts are made inside the run, within ~0.1 s of this
+    res, sizes, b = asyncio.run(_batcher_case(eng, 0.3, [
+        (_part("a", 1, released=released), 0.0), (_part("b", 2, released=released), 0.05),
+        (_part("c", 3, released=released), 0.0),  # would overflow 4: a+b go now, c waits for its timeout
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["a+b", "c"]
+    assert sizes == [3, 3]
+    assert eng.batches[0][2] - t0 < 0.2  # flushed by the overflow, not the timer
+    assert eng.batches[1][2] - t0 >= 0.28  # c waited for its timeout
+    assert [len(r) for r in res] == [1, 2, 3] and [r.meta.index for r in res[1]] == [0, 1]
+    assert sorted(released) == ["a", "b", "c"]  # every part's buffer handed back
+
+
+def test_batcher_full_batches_go_at_once_and_old_frames_flush_now() -> None:
+    eng = RecordingEngine()
+    t0 = time.time()
+    res, sizes, _ = asyncio.run(_batcher_case(eng, 5.0, [
+        (_part("full", 4), 0.0),
+        (_part("live", 1, age_s=6.0), 0.0),  # captured longer than the timeout ago: no more waiting
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["full", "live"]
+    assert time.time() - t0 < 1.0
+    assert sizes == [4, 1]
+
+
+def test_batcher_merged_rows_are_the_parts_rows() -> None:
+    info = INFO
+    seen: list[np.ndarray] = []
+
+    class Look(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            seen.append(np.array(batch.data[:, 0, 0, 0]))
+            return super().infer(batch)
+
+    asyncio.run(_batcher_case(Look(), 0.2, [(_part("a", 1, start=7), 0.0), (_part("b", 2, start=9), 0.0)]))
+    assert seen[0][:3].tolist() == [7.0, 9.0, 9.0] and seen[0].shape == (info.batch,)
+
+
+def test_batcher_failure_reaches_every_part() -> None:
+    res, _, _ = asyncio.run(_batcher_case(RecordingEngine(fail=True), 0.1, [(_part("a", 1), 0.0), (_part("b", 1), 0.0)]))
+    assert all(isinstance(r, RuntimeError) for r in res)
+
+
+@pytest.mark.parametrize("timeout_ms", [0, 50])
+def test_timeout_zero_or_small_keeps_every_frame(tmp_path: Path, timeout_ms: int) -> None:
+    p = {"x": make_sample_video(tmp_path / "x.mp4", width=96, height=64, fps=10, seconds=0.9)}
+    out, _, _ = _run(p, timeout_ms)
+    assert [m["frame"] for m in out["x"] if m["type"] == "detections"] == list(range(9))
+
+
+def test_32_streams_in_one_process_and_a_bad_one_fails_alone(tmp_path: Path) -> None:
+    """32 file streams run at once (one task each, batched across streams); a missing file beside them fails
+    alone with its own status message."""
+    sizes = [(96 + 16 * (i % 4), 64 + 16 * (i // 8)) for i in range(32)]
+    counts = [3 + i % 6 for i in range(32)]  # 3..8 frames at 10 fps: most end on a partial batch
+    paths = {
+        f"cam{i:02d}": make_sample_video(tmp_path / f"c{i}.mp4", width=w, height=h, fps=10, seconds=n / 10)
+        for i, ((w, h), n) in enumerate(zip(sizes, counts))
+    }
+    paths["broken"] = tmp_path / "missing.mp4"
+    info = load_info(default_model_path())
+    cfg = config.load(None, {"device": "cpu", "progress": "off", "batch_timeout_ms": 100})
+    engine = CountingEngine(CpuEngine(info))
+    sink = ListSink()
+    runner = Runner(cfg, [Source(k, str(v)) for k, v in paths.items()], info, engine, sink)
+    stats = asyncio.run(runner.run())
+    by: dict[str, list[dict[str, Any]]] = {}
+    for m in sink.messages:
+        by.setdefault(m["stream"], []).append(m)
+    for i, n in enumerate(counts):
+        sid = f"cam{i:02d}"
+        assert stats[sid].state == "completed", stats[sid].error
+        assert [m["frame"] for m in by[sid] if m["type"] == "detections"] == list(range(n)), sid
+        assert by[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0}
+    assert stats["broken"].state == "failed" and "missing.mp4" in (stats["broken"].error or "")
+    assert by["broken"][-1]["type"] == "status" and by["broken"][-1]["state"] == "failed"
+    assert any(len(r) > 1 for r in engine.runs)  # frames of different streams shared runs
+
+
+def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None:
+    drops: list[int] = []
+
+    def live(stream: str, n: int, age_s: float) -> Any:
+        def make() -> Batch:
+            b = _make_part(stream, n, 0, age_s, None)
+            b.max_age_s, b.on_stale = 0.5, drops.append
+            return b
+
+        return make
+
+    eng = RecordingEngine()
+    res, sizes, _ = asyncio.run(_batcher_case(eng, 0.05, [
+        (live("old", 2, age_s=5.0), 0.0),  # all stale by the time a worker takes it: not run
+        (_part("file", 1, age_s=5.0), 0.0),  # a file's frames are never dropped, however old
+    ]))  # fmt: skip
+    assert [x[0] for x in eng.batches] == ["file"] and sizes == [1]
+    assert res[0] == [] and len(res[1]) == 1 and drops == [2]
+
+
+def test_live_frames_that_would_be_published_stale_are_dropped_by_the_run_time_then() -> None:
+    """The staleness budget runs to publishing: once runs are seen to take 0.3 s, a live frame taken at 0.3 s of a
+    0.5-s budget is dropped (0.3 + the run would pass it; the run time counts for at most half the budget),
+    while the same age ran before any run was timed, and a fresher frame still runs."""
+    drops: list[int] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            time.sleep(0.3)
+            return super().infer(batch)
+
+    def live(stream: str, age_s: float) -> Any:
+        def make() -> Batch:
+            b = _make_part(stream, 1, 0, age_s, None)
+            b.max_age_s, b.on_stale = 0.5, drops.append
+            return b
+
+        return make
+
+    async def case() -> tuple[list[Any], Batcher]:
+        b = Batcher(Slow(), INFO, 0.0, workers=1)  # timeout 0: every part runs alone
+        first = await b.submit(live("first", age_s=0.3)())  # nothing timed yet: 0.3 of 0.5 runs
+        assert b.run_time.lead(0.5) == pytest.approx(0.25)  # 0.3 s measured, capped at half the budget
+        later = await asyncio.gather(b.submit(live("late", age_s=0.3)()), b.submit(live("fresh", age_s=0.0)()))
+        await asyncio.to_thread(b.close)
+        return [first, *later], b
+
+    res, b = asyncio.run(case())
+    assert [len(r) for r in res] == [1, 0, 1] and drops == [1]
+
+
+def test_live_batches_go_before_queued_file_batches() -> None:
+    """With the one inference slot busy, a live batch queued just after file batches runs before them."""
+    gate = threading.Event()
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "f0":
+                gate.wait(5)  # hold the slot while the others queue up
+            return super().infer(batch)
+
+    def live() -> Batch:
+        b = _make_part("live", 4, 0, 0.0, None)
+        b.max_age_s = 0.5  # due 0.5 s after its capture: before the files queued 0.2 s earlier (due after 1 s)
+        return b
+
+    async def case() -> list[str]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.0, workers=1)
+        futs = [b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(3)]
+        await asyncio.sleep(0.2)
+        futs.append(b.submit(live()))
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [x[0] for x in eng.batches]
+
+    assert asyncio.run(case()) == ["f0", "live", "f1", "f2"]
+
+
+def test_deadlines_live_first_but_files_that_waited_long_go_before_a_live_batch_with_time_left() -> None:
+    """Earliest deadline first: a live batch is due when its oldest frame goes stale, a file batch FILE_DUE_S
+    after it was queued. Four file batches queued 0.9 s before a live batch with a 0.5-s budget are due first
+    (files still progress under live load); one queued just before it is not."""
+    from stream.core.batcher import FILE_DUE_S, due_at
+
+    now = time.time()
+    live = _make_part("live", 1, 0, 0.0, None)
+    live.max_age_s = 0.5
+    assert abs(due_at([live]) - (live.frames[0].captured_at + 0.5)) < 1e-6
+    assert abs(due_at([_make_part("f", 4, 0, 0.0, None)]) - (now + FILE_DUE_S)) < 0.05
+    merged = due_at([_make_part("f", 2, 0, 0.0, None), live])
+    assert merged == due_at([live]), "a run with live frames in it is due when they go stale"
+
+    gate = threading.Event()
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    async def case() -> list[str]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.0, workers=1)
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.05)
+        futs.append(b.submit(_make_part("old_file", 4, 0, 0.0, None)))
+        await asyncio.sleep(0.7)  # old_file is due 0.3 s from now
+        fresh_live = _make_part("live", 1, 0, 0.0, None)
+        fresh_live.max_age_s = 0.5  # due 0.5 s from now: after old_file
+        futs.append(b.submit(fresh_live))
+        futs.append(b.submit(_make_part("new_file", 4, 0, 0.0, None)))  # due 1 s from now: after the live batch
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [x[0] for x in eng.batches]
+
+    assert asyncio.run(case()) == ["busy", "old_file", "live", "new_file"]
+
+
+def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Path) -> None:
+    """Four looped files keep the one CPU slot busy; a live feed beside them (staleness budget 100 ms, the
+    default) still gets its frames run, in the real pipeline (what the soak found on 2026-12-03)."""
+    import subprocess
+    import sys
+
+    from tests.loopback import free_port
+
+    files = [make_sample_video(tmp_path / f"f{i}.mp4", width=320, height=240, seconds=1.0) for i in range(4)]
+    feed = make_sample_video(tmp_path / "live.mp4", width=320, height=240, seconds=2.0)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "paced_feed.py"), str(feed), str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    time.sleep(0.5)  # it takes one client at a time: no probe connection
+    try:
+        cfg = config.load(None, {"sources": [*(f"f{i}={p}" for i, p in enumerate(files)), f"live=tcp://127.0.0.1:{port}"],
+                                 "device": "cpu", "loop": True, "duration_s": 8.0, "progress": "off",
+                                 "publish": f"tcp://127.0.0.1:{free_port()}"})  # fmt: skip
+        assert cfg.max_staleness_ms == 100
+        result = asyncio.run(serve(cfg))
+    finally:
+        server.kill()
+        server.wait(10)
+    st = result.stats
+    assert all(st[f"f{i}"].frames > 30 for i in range(4)), {k: v.frames for k, v in st.items()}
+    # With the old order it published none. On 2 idle cores it runs 150-200 of its 240; 44 on 2 cores that
+    # two busy loops share (whatever waits over 100 ms is dropped as stale, as it should be).
+    assert st["live"].frames >= 20, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
+
+
+def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
+    """Work-conserving batching: live parts that queued one by one (each flushed alone) while the one slot was busy run as one batch, up to
+    the model's batch; each part still gets its own frames' results, a part that does not fit runs next, and a
+    part that went stale in the queue is dropped and counted, not run."""
+    gate = threading.Event()
+    drops: list[int] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    def live(stream: str, n: int, start: int, age_s: float = 0.0) -> Batch:
+        b = _make_part(stream, n, start, age_s, None)
+        b.max_age_s, b.on_stale = 0.5, drops.append
+        return b
+
+    async def case() -> tuple[list[Any], Batcher, Slow]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.1)
+        for part in (live("a", 1, 10), live("old", 2, 0, age_s=5.0), live("b", 2, 20), live("c", 1, 30), live("d", 2, 40)):
+            futs.append(b.submit(part))
+            b.flush()  # each queued alone, as a part that reached the batcher past its batch timeout is
+        await asyncio.sleep(0.1)
+        gate.set()
+        res = await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return res, b, eng
+
+    res, b, eng = asyncio.run(case())
+    # a (1) + old (stale: 0 rows) + b (2) + c (1) fill the batch of 4; d (2) does not fit: it runs next
+    assert [x[0] for x in eng.batches] == ["busy", "a+b+c", "d"]
+    assert eng.batches[1][1] == [10, 20, 21, 30]
+    assert [[r.meta.index for r in rs] for rs in res[1:]] == [[10], [], [20, 21], [30], [40, 41]]
+    assert drops == [2] and b.coalesced == 3
