@@ -28,6 +28,8 @@ from stream import config as config_mod
 from stream.core.build import build_run
 from stream.core.runner import Runner
 
+__all__ = ["Pipeline"]
+
 _END = object()
 
 

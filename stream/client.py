@@ -35,6 +35,8 @@ import zmq.asyncio
 from stream.messages import decode
 from stream.sinks.curve import make_client
 
+__all__ = ["SeqGaps", "iter_messages", "subscribe"]
+
 
 def _connect(
     ctx: zmq.Context,

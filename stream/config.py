@@ -43,7 +43,7 @@ class Config:
     format: str = "json"
     wait_subscribers: int = 0
     wait_subscribers_timeout_s: float = 0.0  # 0: wait as long as it takes
-    buffers: int = 3  # the fastest measured on the H200 (bench/RESULTS.md, 2026-12-04)
+    buffers: int = 3  # the fastest measured on the H200 (bench/RESULTS.md)
     queue_batches: int = 2
     conv_algo_search: str = "auto"  # cuDNN algorithm choice on CUDA: auto = heuristic for dynamic-batch models
     cpu_threads: int = 0  # ONNX Runtime intra-op threads of a CPU engine; 0: the cores, shared out among CPU workers

@@ -15,6 +15,18 @@ Third-party exceptions are translated at the boundary: ``raise SourceError(...) 
 
 from __future__ import annotations
 
+__all__ = [
+    "ConfigError",
+    "DecodeError",
+    "DeviceError",
+    "InferenceError",
+    "ModelError",
+    "PublishError",
+    "SourceError",
+    "StreamError",
+    "first_line",
+]
+
 
 class StreamError(Exception):
     """Base class of every error stream raises on purpose."""

@@ -34,6 +34,20 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+__all__ = [
+    "FORMATS",
+    "STATES",
+    "VERSION",
+    "MessageError",
+    "decode",
+    "detection_list",
+    "detections",
+    "encode",
+    "eos",
+    "status",
+    "validate",
+]
+
 VERSION = 1
 FORMATS = ("json", "msgpack")
 STATES = ("starting", "streaming", "failed", "completed", "connecting", "stalled", "reconnecting", "moved")

@@ -16,7 +16,7 @@ Decision record:
   frames and latency stays bounded rather than growing with the queue. Files have no budget: lossless.
   The budget is capture to publish, not capture to the take: a frame is dropped when its age at the take
   plus the time a run takes from there (`RunTime`: the longest of the last RUN_TIME_WINDOW runs, at most
-  LEAD_CAP of the budget) would pass it. On the H200 (2026-12-03), with the take as the limit, 16 paced feeds
+  LEAD_CAP of the budget) would pass it. On the H200, with the take as the limit, 16 paced feeds
   over capacity published frames at p50 146 / p99 362 ms under a 100-ms budget: every frame run had waited
   almost its whole budget (earliest deadline first serves the oldest) and the run came on top. The cap keeps
   a run slower than the budget from dropping every frame (and then never being measured again).
@@ -26,8 +26,8 @@ Decision record:
   was queued. So a live batch goes ahead of every file batch that has waited less than FILE_DUE_S minus the
   live frame's remaining budget (a live frame that waits goes stale and is dropped; a lossless file only
   finishes later), and files still progress, a batch at least every FILE_DUE_S or so per stream, when live
-  feeds alone would fill the engine. (Before 2026-12-03 a live batch only counted as queued half its budget
-  earlier: with a 100-ms budget and four files keeping the one CPU slot busy, every live frame went stale in
+  feeds alone would fill the engine. (When a live batch only counted as queued half its budget
+  earlier, with a 100-ms budget and four files keeping the one CPU slot busy, every live frame went stale in
   the queue and the feed published nothing.)
 - Work-conserving: a worker that takes a run whose rows (not counting frames already stale) leave room in the
   batch takes the queued runs that fit beside it too (unless `batch_timeout_ms` is 0: never merge), earliest deadline first, and runs them as one (parts are
@@ -35,7 +35,7 @@ Decision record:
   feeds' small batches thus wait in the queue and leave it together. Without this a daemon over capacity
   ran them one by one: a live frame that reached the batcher later than `batch_timeout_ms` after its
   capture was flushed alone, a CUDA engine runs every batch at its full size (`pad_partial`), and at 16
-  paced 1080p feeds on the H200 (2026-12-03) runs carried about one frame each: 97 of 480 frames per second
+  paced 1080p feeds on the H200 runs carried about one frame each: 97 of 480 frames per second
   published, against about 470 the model runs at full batches.
 """
 

@@ -5,7 +5,7 @@ Decision record:
   CuPy stream, plus an IOBinding whose outputs are bound by name only: ORT allocates boxes/scores/labels on
   the device with whatever shape the frame gives. Worker threads take a free slot, so N batches run at once
   (`run_with_iobinding` releases the GIL). Why 3: against 2, 1-5% more frames a second end to end at batch 8
-  fp16 in each of four side-by-side runs on the H200 (2026-12-02 to 12-04), and in one side-by-side run 8
+  fp16 in each of four side-by-side runs on the H200, and in one side-by-side run 8
   paced live feeds stayed within p99 100 ms with 3 and not with 2 (bench/RESULTS.md); each slot holds its
   own session's GPU memory (activations of one batch in its arena).
 - The input is bound to the batch's device buffer as it is (no copy). The producer recorded a CUDA event
@@ -35,9 +35,9 @@ Decision record:
 - `cuda_graph` ("auto" by default: where it can, see cuda_graph_choice): each slot's session runs as a
   CUDA graph, its input buffer and outputs bound once (`_bind_fixed`): outputs of a head model of fixed batch
   have one shape, so ORT's allocator makes them once and the graph replays into them. Each slot runs on a
-  thread of its own (`_on_slot`: ORT's graph is per thread; from the batcher's many threads it failed on the
-  H100 on 2026-12-05, before this). Measured end to end on 2026-12-06 (bench/postprocess.py
-  --compare-cuda-graph): +0.4% on the H200, +0.3% on an H100, every GPU test passing with it on.
+  thread of its own (`_on_slot`: ORT keeps a graph per thread, and captured again, and failed, when the
+  batcher's many threads ran one slot). Measured end to end (bench/postprocess.py --compare-cuda-graph):
+  +0.4% on the H200, +0.3% on an H100, every GPU test passing with it on (bench/RESULTS.md).
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def fixed_batch_dim(info: ModelInfo, pad_partial: bool) -> str | None:
     it: ORT then folds the graph's shape arithmetic (Shape, Gather, Concat, Reshape targets) into constants.
     Left dynamic, RetinaNet-v2's head graph ran about 830 nodes a run, among them 62 device-to-host and 54
     host-to-device copies of shape values, each a wait for the GPU, and ORT's host time in its kernels was
-    the whole run's (19.4 of 19.5 ms at batch 8 fp16 on the H200, bench/ort_profile.py, 2026-12-04)."""
+    the whole run's (19.4 of 19.5 ms at batch 8 fp16 on the H200, measured with ORT's profiler)."""
     if info.dynamic_batch and pad_partial and info.batch_dim:
         return info.batch_dim
     return None
@@ -118,11 +118,10 @@ def cuda_graph_choice(setting: str, info: ModelInfo, fixed_dim: str | None) -> b
     graph with its batch axis fixed). A graph replays fixed shapes at fixed addresses, so only a head model
     (`--postprocess device`, static output shapes) whose batch is fixed (by the session under `pad_partial`, or
     in the file) can; the graph post-processing's outputs change size every frame. "auto": where it can;
-    "on": required (a clear error where it cannot); "off": never. "auto" is the default since 2026-12-06: in
-    isolation 16.16 ms a run against 17.18 ms without (H200, bench/ort_profile.py, batch 8 fp16, 2026-12-04); end
-    to end (bench/postprocess.py --compare-cuda-graph, 8 files, 2026-12-06) 494.6 against 492.4 fps on the H200
-    and 459.0 against 457.4 on an H100; at 16 paced live feeds on the H200 the one configuration whose p99 met
-    100 ms (bench/latency.py). With each slot on a thread of its own (_on_slot) the batcher's threads run it."""
+    "on": required (a clear error where it cannot); "off": never. "auto" is the default: in isolation 16.16 ms
+    a run against 17.18 ms without (H200, batch 8 fp16); end to end (bench/postprocess.py --compare-cuda-graph,
+    8 files) 494.6 against 492.4 fps on the H200 and 459.0 against 457.4 on an H100 (bench/RESULTS.md). With each
+    slot on a thread of its own (_on_slot) the batcher's threads run it."""
     if setting not in CUDA_GRAPHS:
         raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)}; got {setting!r}")
     can = info.head is not None and (fixed_dim is not None or not info.dynamic_batch)
@@ -138,7 +137,7 @@ def synthetic_outputs(xp: Any, outs: list[Any], batch: int, head: bool, seed: in
 
     A warm-up on a blank batch finds no score over the threshold, so the code that runs only on candidates
     (top-k, argsort, NMS, searchsorted, packing rows) never ran and CuPy compiled its kernels on the first
-    live frames with detections: on the H200 (2026-12-03) post-processing of the first batches of a fresh
+    live frames with detections: on the H200 post-processing of the first batches of a fresh
     process took 7.4-9.4 s (stack samples: NVRTC compiles under argsort, CupyOps.select, searchsorted).
     Head models (`head`): logits N(0, 4) (most anchors of every image over any threshold) and small box
     regressions, the shapes of outs[0] and outs[1]. Graph models: 8 detections per image of the batch, in
@@ -210,10 +209,7 @@ class CudaEngine:
         self._provider_options = provider_options
         self.graph = cuda_graph_choice(cuda_graph, info, self.fixed_dim)
         self._make_slots()
-        self.post = None
-        # head models: Postprocessor.packed (two waits for the stream a batch); False: its __call__ and
-        # pack_detections (seven: __call__'s compaction, pack_detections' four boolean masks), live_stages.py --old-post
-        self.packed_post = True
+        self.post = None  # head models: Postprocessor.packed (the host waits for the stream twice a batch)
         if info.head is not None:
             from stream.engines.postprocess import Postprocessor
             from stream.engines.postprocess_cuda import CupyOps
@@ -312,7 +308,7 @@ class CudaEngine:
         With `pad_partial` ORT sees the full batch only, but post-processing and packing still run at each
         size (n valid rows), and CuPy may compile kernels per size. Every size also runs once on outputs full
         of detections (synthetic_outputs): a blank batch has none, and the kernels that run only on
-        candidates were compiled on the first live frames instead (measured on the H200, 2026-12-03)."""
+        candidates were compiled on the first live frames instead (measured on the H200)."""
         cp, info = self._cp, self.info
         sizes = tuple(range(1, info.batch + 1)) if info.dynamic_batch else (info.batch,)
         t0 = time.perf_counter()
@@ -360,8 +356,8 @@ class CudaEngine:
         """`_run` on the caller's thread, or, for a CUDA-graph slot, on the slot's own thread. ORT's CUDA provider
         keeps its graph per thread (PerThreadContext) and captures with cudaStreamCaptureModeGlobal: run from the
         batcher's workers, each new thread captured a graph of its own while decoders and the other slots worked
-        on the GPU, and the capture failed (cudaErrorStreamCaptureUnsupported, NVDEC's decoding too; H100,
-        2026-12-05, bench/postprocess.py --compare-cuda-graph and bench/live_stages.py). On one thread per slot the
+        on the GPU, and the capture failed (cudaErrorStreamCaptureUnsupported, NVDEC's decoding too; seen on an
+        H100 with bench/postprocess.py --compare-cuda-graph). On one thread per slot the
         capture happens once, in warm_up, before any source starts, and every later run is a replay."""
         if slot.thread is None:
             return self._run(slot, batch, synthetic)
@@ -404,12 +400,10 @@ class CudaEngine:
                     self._synthetic = synthetic_outputs(cp, outs, info.batch, self.post is not None)
                 outs = [a.copy() for a in self._synthetic]
             sizes = cp.asarray(np.array([[m.width, m.height] for m in batch.frames], np.int64))
-            if self.post is not None and self.packed_post:  # counted rows: no wait for the stream but two
+            if self.post is not None:  # head models: counted rows, the host waits for the stream twice a batch
                 packed = self.post.packed(outs[0], outs[1], n, sizes, (info.width, info.height))
                 host = unpack_counted(download(packed, slot.stream))
             else:
-                if self.post is not None:
-                    outs = list(self.post(outs[0], outs[1], n))
                 bi = outs[3] if len(outs) > 3 else None
                 packed = pack_detections(cp, outs[0], outs[1], outs[2], bi, sizes, (info.width, info.height), n)
                 host = download(packed, slot.stream)

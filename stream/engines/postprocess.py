@@ -17,7 +17,7 @@ After step 1 no step removes rows: each marks them (top-k, NMS, the per-image ca
 stay first, on arrays whose size the host knows (the survivors of step 1, at most images x levels x
 topk_candidates after step 2). `Postprocessor.packed`, the CUDA engine's form, then compacts the detections
 and maps them to source pixels in one kernel that also writes their count, so the host waits for the GPU twice
-a batch (step 1's count, the download) instead of once per data-sized step (ten before the evening of 2026-12-04).
+a batch (step 1's count, the download) instead of once per data-sized step (the array code before it waited ten times a batch).
 
 Differences from torchvision, both at rounding level (the parity tests state the tolerance):
 - torchvision's `batched_nms` offsets boxes by label (the coordinate trick) when there are few boxes, which

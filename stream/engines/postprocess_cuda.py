@@ -7,7 +7,7 @@ of scores above the threshold (to size the arrays), and for the final small down
 `Postprocessor.packed`). Every step between works on arrays of sizes the host knows, with masks, and the
 pack kernel compacts the detections and writes their count, because each step whose size depends on the
 data (a boolean index, `flatnonzero`) is another wait for the stream, and under load another wait for the
-GIL after it: before the evening of 2026-12-04 a batch had ten (four of them pack_detections' boolean
+GIL after it: the array code before this had ten a batch (four of them pack_detections' boolean
 masks). The waits are on one slot's stream: the other slots keep the GPU busy meanwhile.
 """
 

@@ -16,7 +16,7 @@ Decision record:
   torchvision: no rounding to uint8 between resize and normalize.
 - frame numbers, timestamps and the decoded frame size are a few bytes per batch; they are the only things
   read back to the host. The size comes from the decoder's output (not the container's header).
-- DALI's reader gives every frame of a file the size of its first sequence (seen on the H200, 2026-12-02:
+- DALI's reader gives every frame of a file the size of its first sequence (seen on the H200:
   after a resolution change mid-file the frames came out at the first size, and its `shape()` said so too).
   So a file is scanned as it is decoded (`decode.SequenceScan`, a thread that demuxes it ahead of DALI and
   compares the keyframes' SPS): DALI decodes it up to its first change of sequence parameters, PyAV on the

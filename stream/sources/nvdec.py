@@ -265,7 +265,7 @@ def nv12_to_row(
     at 2j + 0.5). On CuPy everything runs on the current stream, in one kernel (`_row_kernel`, the same taps,
     weights and arithmetic as the array code below, which `fused=False` runs instead): the array code is
     about 15 CuPy calls a frame, each holding the GIL while it launches, and 16 live feeds' readers share
-    the GIL with the engine's threads (bench/RESULTS.md, 2026-12-04: the GIL ticker's p99 11.7 ms at 16 readers).
+    the GIL with the engine's threads (bench/RESULTS-archive.md: a 1-ms ticker thread woke 11.7 ms late at p99 beside 16 readers).
     """
     H, W = int(y.shape[0]), int(y.shape[1])
     uv2 = uv.reshape(int(uv.shape[0]), -1)  # [Hc, 2 * Wc] bytes
