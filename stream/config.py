@@ -186,8 +186,8 @@ def _key(default: Any, help: str, **about: Any) -> Any:
 class Config:
     # what to run
     sources: tuple[SourceSpec, ...] = _key(
-        (), 'Video files, globs, folders or URLs, each "PATH" or "ID=PATH"; a stream\'s id, '
-        "which is also its ZeroMQ topic, is the file's stem unless ID is given. Empty: the embedded sample video.",
+        (), "Video files, globs, folders or URLs, each PATH or ID=PATH; a stream's id, which is also its ZeroMQ "
+        "topic, is the file's stem unless ID is given. Empty: the embedded sample video.",
         check=check_sources, type_name="list of sources", flag=Flag(("--source",), "[ID=]PATH", repeat=True))
     model: str | None = _key(
         None, "ONNX model file made by `stream export-model`.",
@@ -251,8 +251,8 @@ class Config:
         False, "Replay every file source forever, `frame` counting on (loop = true in a source's table does it "
         "for one).", flag=Flag(("--loop",)))
     annotate_dir: str = _key(
-        "", "Also write <annotate_dir>/<stream id>.mp4 per file stream: the video with its detections drawn "
-        '(H.264, fragmented MP4); live feeds are not. "": none.', worker="", flag=Flag(("--annotate",), "DIR"))
+        "", "Folder to write <stream id>.mp4 into per file stream: the video with its detections drawn (H.264, "
+        'fragmented MP4); live feeds are not annotated. "": none.', worker="", flag=Flag(("--annotate",), "DIR"))
     metrics_port: int = _key(
         0, "Serve the status page, Prometheus /metrics and /healthz on metrics_host at this port, without "
         "authentication (anyone who reaches it sees the frames); 0: off.", bounds=(0, 65_535), worker=0,
