@@ -236,9 +236,9 @@ class Config:
         0, "ONNX Runtime intra-op threads of a CPU engine; 0: every core, divided among the CPU workers when "
         "devices names several.", bounds=(0, 1024))
     pad_partial: bool = _key(
-        True, "CUDA, dynamic-batch models: run a partial batch (a live feed's, a file's last frames) padded to the "
-        "model's full batch, so that the session's input shape never changes (a changed shape cost 330-450 ms a "
-        "run on the H200); false: each batch at its own size.")
+        True, "CUDA, dynamic-batch models: run a partial batch (a live feed's latest frames, a file's last ones) "
+        "padded to the model's full batch, so that the session's input shape never changes (a changed shape cost "
+        "330-450 ms a run on the H200); false: each batch at its own size.")
     cuda_graph: str = _key(
         "auto", "CUDA: run each inference as a CUDA graph (ONNX Runtime's enable_cuda_graph), which only a model "
         "exported with `--postprocess device` whose batch is fixed can: auto does it where it can, on requires "
@@ -251,7 +251,7 @@ class Config:
         False, "Replay every file source forever, `frame` counting on (loop = true in a source's table does it "
         "for one).", flag=Flag(("--loop",)))
     annotate_dir: str = _key(
-        "", "Folder to write <stream id>.mp4 into per file stream: the video with its detections drawn (H.264, "
+        "", "Folder to write `<stream id>.mp4` into per file stream: the video with its detections drawn (H.264, "
         'fragmented MP4); live feeds are not annotated. "": none.', worker="", flag=Flag(("--annotate",), "DIR"))
     metrics_port: int = _key(
         0, "Serve the status page, Prometheus /metrics and /healthz on metrics_host at this port, without "

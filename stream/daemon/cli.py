@@ -61,7 +61,8 @@ def _flag_help(about: Key) -> str:
     if about.unset:
         notes.append(f"Default: {about.unset}.")
     elif about.default is not None and about.default is not False and about.default not in ("", ()):  # 0 shows
-        notes.append(f"Default: {about.default:g}." if isinstance(about.default, float) else f"Default: {about.default}.")
+        shown = f"{about.default:g}" if isinstance(about.default, float) else about.default
+        notes.append(f"Default: {shown}.")
     notes += [f"{old} is its old name." for old in about.flag.names[1:]]
     return " ".join(notes).replace("%", "%%")  # argparse formats help with %
 
@@ -83,8 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stream.daemon.report import ProgressBars, print_summary, progress_enabled
 
     try:
-        overrides = {key: getattr(args, key) for key, about in config_mod.KEYS.items() if about.flag is not None}
-        cfg = config_mod.load(args.config, overrides)
+        flags = [key for key, about in config_mod.KEYS.items() if about.flag is not None]
+        cfg = config_mod.load(args.config, {key: getattr(args, key) for key in flags})
     except StreamError as exc:
         setup_logging("info")
         log.error("%s", exc)
