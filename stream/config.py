@@ -82,7 +82,7 @@ def check_sources(items: Any, origin: str) -> tuple[SourceSpec, ...]:
         elif isinstance(item, dict):
             unknown = set(item) - set(SOURCE_KEYS)
             if unknown:
-                raise ConfigError(f"unknown key {sorted(unknown)[0]!r} in sources[{i}] in {origin}; "
+                raise ConfigError(f"unknown key {min(unknown)!r} in sources[{i}] in {origin}; "
                                   f"known keys: {', '.join(SOURCE_KEYS)}")  # fmt: skip
             if not isinstance(item.get("path"), str) or not item["path"]:
                 raise ConfigError(f"sources[{i}] in {origin} needs a 'path' string")
@@ -358,7 +358,8 @@ def check_value(key: str, value: Any, origin: str) -> Any:
             raise ConfigError(f"{where} must be true or false, got {value!r}")
         return value
     kind, want = _PYTHON_TYPES[about.type_name]
-    if isinstance(value, bool) or not isinstance(value, kind):
+    fits = isinstance(value, kind) and not isinstance(value, bool)  # apart: value stays Any, not narrowed to object
+    if not fits:
         raise ConfigError(f"{where} must be {want}, got {value!r}")
     if about.choices is not None and value not in about.choices:
         raise ConfigError(f"{where} must be one of {', '.join(about.choices)}; got {value!r}")

@@ -171,8 +171,8 @@ def test_formats_are_the_wire_formats() -> None:
 
 
 # -- property tests: any valid file loads to exactly its values; any unknown key is named ------------------
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
 VALID = {
     "device": st.sampled_from(config.DEVICES),
@@ -238,9 +238,9 @@ def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object)
     "off" (the default) never; anything else is refused by the config, naming the key."""
     from dataclasses import replace
 
-    from stream.errors import ModelError
     from stream.engines.cuda import cuda_graph_choice
     from stream.engines.postprocess import HeadSpec, Level
+    from stream.errors import ModelError
 
     spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
     head_dyn = replace(model_info, head=spec, dynamic_batch=True)  # type: ignore[type-var]
