@@ -163,7 +163,7 @@ class Key:
     help: str  # one or two sentences for users: `stream run --help` and docs/configuration.md show it
     choices: tuple[str, ...] | None = None
     bounds: tuple[float, float] | None = None  # lo <= value <= hi
-    endpoint: str | None = None  # a ZeroMQ endpoint: "://" required (an empty one too unless the default is "")
+    endpoint: str | None = None  # a ZeroMQ endpoint (errors show this example); "" only where the default is ""
     flag: Flag | None = None
     # What a worker process of the supervisor (`devices`, stream/daemon/supervisor.py) gets: the supervisor
     # owns publishing to subscribers, waiting for them, the run's end, control, HTTP, annotation, CURVE and
