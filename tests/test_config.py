@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -83,23 +84,95 @@ def test_parse_source(text: str, spec: SourceSpec) -> None:
     assert config.parse_source(text) == spec
 
 
+ROOT = Path(__file__).resolve().parent.parent
+
+
 def test_shipped_configs_load() -> None:
-    root = Path(__file__).resolve().parent.parent / "configs"
-    files = sorted(root.glob("*.toml"))
+    """Every configs/*.toml loads: each of its keys is a known key (load rejects any other) with a valid value."""
+    files = sorted((ROOT / "configs").glob("*.toml"))
     assert files, "configs/ has no TOML files"
     for f in files:
         assert isinstance(config.load(f), Config)
 
 
-def test_every_key_documented_in_default_config() -> None:
-    text = (Path(__file__).resolve().parent.parent / "configs" / "default.toml").read_text()
-    for key in config.known_keys():
-        assert f"{key} =" in text or f"# {key} =" in text, key
+def test_default_config_lists_every_key_with_its_default() -> None:
+    """configs/default.toml is the documented full file: each key set to its default, or, where TOML cannot
+    write the default (model and devices unset), shown commented out."""
+    from stream.tools.config_docs import toml_literal
+
+    path = ROOT / "configs" / "default.toml"
+    text, data = path.read_text(), config.read_toml(path)
+    for key, about in config.KEYS.items():
+        if key in data:
+            assert config.check_value(key, data[key], str(path)) == about.default, f"{key} is not its default in {path}"
+        else:
+            assert about.unset, f"{key} is missing from {path}: add `{key} = {toml_literal(about.default)}`"
+            assert f"# {key} =" in text, f"{key} (unset by default) is not shown commented out in {path}"
+
+
+def test_docs_are_generated_from_the_keys() -> None:
+    from stream.tools.config_docs import COMMAND, render
+
+    path = ROOT / "docs" / "configuration.md"
+    assert path.exists() and path.read_text() == render(), f"{path} is out of date: run `{COMMAND}`"
+
+
+def test_every_field_is_a_described_key() -> None:
+    assert set(config.KEYS) | {"config_path"} == {f.name for f in fields(Config)}
+    for about in config.KEYS.values():
+        assert about.help.endswith("."), f"{about.name}: the help is a sentence for users (it ends with a period)"
+
+
+def test_run_flags_are_the_keys_flags() -> None:
+    """The flags of `stream run` (a public surface: names, old names, metavars, choices) come from the keys."""
+    import argparse
+
+    from stream.daemon.cli import _add_run
+
+    sub = argparse.ArgumentParser(prog="stream").add_subparsers()
+    _add_run(sub)
+    run = sub.choices["run"]
+    options = run._option_string_actions  # argparse has no public map of a parser's options
+    assert set(options) == {
+        "-h", "--help", "--config", "--source", "--model", "--device", "--device-id", "--devices", "--publish",
+        "--format", "--wait-subscribers", "--buffers", "--duration", "--loop", "--annotate", "--http-port",
+        "--metrics-port", "--control", "--curve-secret", "--curve-clients", "--progress", "--log-level",
+        "--log-format",
+    }  # fmt: skip
+    for key, about in config.KEYS.items():
+        if about.flag is not None:
+            assert all(options[name].dest == key for name in about.flag.names), key
+    args = run.parse_args(["--source", "a.mp4", "--source", "x=b.mp4", "--duration", "2.5", "--annotate", "out",
+                           "--metrics-port", "8080", "--control", "--devices", "cpu,cpu", "--device-id", "1"])  # fmt: skip
+    assert args.sources == ["a.mp4", "x=b.mp4"] and args.duration_s == 2.5 and args.annotate_dir == "out"
+    assert args.metrics_port == 8080 and args.control == "tcp://127.0.0.1:5557" and args.devices == ["cpu", "cpu"]
+    assert args.device_id == 1 and args.loop is None and args.format is None  # not given: the file's value stands
+    assert options["--device"].choices == config.DEVICES and options["--format"].choices == ("json", "msgpack")
+
+
+def test_a_worker_gets_the_supervisors_config_with_its_own_keys_fixed() -> None:
+    from stream.daemon.supervisor import _worker_config
+
+    cfg = config.load(None, {"devices": ["cpu", "cpu"], "progress": "on", "wait_subscribers": 2, "duration_s": 5,
+                             "publish_hwm": 7, "buffers": 2, "curve_secret": "s", "curve_clients": "c"})  # fmt: skip
+    w = _worker_config(cfg, "cpu", "ipc:///tmp/w0")
+    assert (w.publish, w.device, w.device_id, w.devices) == ("ipc:///tmp/w0", "cpu", 0, ())
+    assert (w.progress, w.wait_subscribers, w.duration_s, w.publish_hwm) == ("off", 0, 0.0, 0)
+    assert (w.curve_secret, w.curve_clients, w.control, w.metrics_port, w.annotate_dir) == ("", "", "", 0, "")
+    assert w.buffers == 2 and w.cpu_threads >= 1  # the rest is the supervisor's; the cores shared out
+    gpu = _worker_config(config.load(None, {"devices": [0, 1], "device": "cuda", "cpu_threads": 3}), 1, "ipc:///w1")
+    assert (gpu.device, gpu.device_id, gpu.cpu_threads) == ("cuda", 1, 3)
+
+
+def test_formats_are_the_wire_formats() -> None:
+    from stream import messages
+
+    assert config.FORMATS is messages.FORMATS
 
 
 # -- property tests: any valid file loads to exactly its values; any unknown key is named ------------------
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
+from hypothesis import given
+from hypothesis import strategies as st
 
 VALID = {
     "device": st.sampled_from(config.DEVICES),
@@ -165,9 +238,9 @@ def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object)
     "off" (the default) never; anything else is refused by the config, naming the key."""
     from dataclasses import replace
 
-    from stream.errors import ModelError
     from stream.engines.cuda import cuda_graph_choice
     from stream.engines.postprocess import HeadSpec, Level
+    from stream.errors import ModelError
 
     spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
     head_dyn = replace(model_info, head=spec, dynamic_batch=True)  # type: ignore[type-var]

@@ -12,61 +12,59 @@ import json
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream import __version__
 from stream.daemon.logs import setup_logging
 from stream.daemon.loop import run_loop
 from stream.errors import StreamError
 
+if TYPE_CHECKING:
+    from stream.config import Key
+
 log = logging.getLogger("stream")
 
 
 # -- run ------------------------------------------------------------------------------------------------------
-def _device_list(text: str) -> list[int | str]:
-    """`--devices 0,1` or `--devices cpu,cpu`: entries as written (config.check_devices judges them)."""
-    out: list[int | str] = []
-    for part in text.split(","):
-        part = part.strip()
-        try:
-            out.append(int(part))
-        except ValueError:
-            out.append(part)
-    return [] if out == [""] else out
-
-
 def _add_run(sub: Any) -> None:
+    """`stream run`: --config, and a flag per key that has one in its description (stream/config.py)."""
+    from stream.config import KEYS
+
     p = sub.add_parser("run", help="run the detection pipeline over the sources and publish on ZeroMQ")
     p.add_argument("--config", metavar="FILE", help="TOML config (see configs/); flags override its keys")
-    p.add_argument("--source", action="append", metavar="[ID=]PATH",
-                   help="video file, glob, folder or URL; repeatable; stream id = file stem unless ID= is given")
-    p.add_argument("--model", metavar="PATH", help="ONNX model (default: the small random-weight model shipped)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto: CUDA when usable, else CPU")
-    p.add_argument("--device-id", type=int, help="CUDA device index (default 0)")
-    p.add_argument("--devices", type=_device_list, metavar="LIST",
-                   help="one worker process per entry, streams shared out among them: CUDA indexes (0,1) or "
-                        "cpu once per CPU worker (cpu,cpu); one publish endpoint for all (default: one worker, "
-                        "in process, on --device/--device-id)")  # fmt: skip
-    p.add_argument("--publish", metavar="ENDPOINT", help="ZeroMQ endpoint to bind (default tcp://127.0.0.1:5556)")
-    p.add_argument("--format", choices=("json", "msgpack"), help="payload encoding (default json)")
-    p.add_argument("--wait-subscribers", type=int, metavar="N", help="start once N subscribers have subscribed")
-    p.add_argument("--buffers", type=int, metavar="N", help="inference buffers on CUDA (default 3)")
-    p.add_argument("--duration", type=float, metavar="S", help="stop (gracefully) after S seconds")
-    p.add_argument("--loop", action="store_true", default=None, help="replay every file source forever")
-    p.add_argument("--annotate", metavar="DIR",
-                   help="also write DIR/<stream id>.mp4 per file stream: the video with its detections drawn (H.264)")
-    p.add_argument("--http-port", "--metrics-port", dest="metrics_port", type=int, metavar="PORT",
-                   help="serve the status page, Prometheus /metrics and /healthz on 127.0.0.1:PORT (default: off; "
-                        "--metrics-port is the old name)")  # fmt: skip
-    p.add_argument("--control", nargs="?", const="tcp://127.0.0.1:5557", metavar="ENDPOINT",
-                   help="serve `stream ctl` on ENDPOINT (default tcp://127.0.0.1:5557) and keep running after the "
-                        "sources end, until stopped")  # fmt: skip
-    p.add_argument("--curve-secret", metavar="FILE", help="the daemon's NAME.key_secret: CURVE on publish and control")
-    p.add_argument("--curve-clients", metavar="DIR", help="folder of the public .key files of the clients let in")
-    p.add_argument("--progress", choices=("auto", "on", "off"), help="progress bars (default: when stderr is a tty)")
-    p.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
-    p.add_argument("--log-format", choices=("text", "json"), help="text (default) or one JSON object per line")
+    for about in KEYS.values():
+        if about.flag is not None:  # the value lands under the key's name: None when the flag is not given
+            p.add_argument(*about.flag.names, dest=about.name, help=_flag_help(about), **_flag_options(about))
     p.set_defaults(func=cmd_run)
+
+
+def _flag_options(about: Key) -> dict[str, Any]:
+    assert about.flag is not None
+    if about.type_name == "boolean":
+        return {"action": "store_true", "default": None}  # not given: the config file's value stands
+    opts: dict[str, Any] = {"metavar": about.flag.metavar, "choices": about.choices,
+                            "type": about.flag.parse or {"integer": int, "number": float}.get(about.type_name)}
+    if about.flag.repeat:
+        opts["action"] = "append"
+    if about.flag.optional_value is not None:
+        opts.update(nargs="?", const=about.flag.optional_value)
+    return opts
+
+
+def _flag_help(about: Key) -> str:
+    assert about.flag is not None
+    notes = [about.help]
+    if about.flag.repeat:
+        notes.append("Repeatable.")
+    if about.flag.optional_value is not None:
+        notes.append(f"{about.flag.names[0]} alone: {about.flag.optional_value}.")
+    if about.unset:
+        notes.append(f"Default: {about.unset}.")
+    elif about.default is not None and about.default is not False and about.default not in ("", ()):  # 0 shows
+        shown = f"{about.default:g}" if isinstance(about.default, float) else about.default
+        notes.append(f"Default: {shown}.")
+    notes += [f"{old} is its old name." for old in about.flag.names[1:]]
+    return " ".join(notes).replace("%", "%%")  # argparse formats help with %
 
 
 def _stacks_on_sigusr1() -> None:
@@ -86,30 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     from stream.daemon.report import ProgressBars, print_summary, progress_enabled
 
     try:
-        cfg = config_mod.load(
-            args.config,
-            {
-                "sources": args.source,
-                "model": args.model,
-                "device": args.device,
-                "device_id": args.device_id,
-                "devices": args.devices,
-                "publish": args.publish,
-                "format": args.format,
-                "wait_subscribers": args.wait_subscribers,
-                "buffers": args.buffers,
-                "duration_s": args.duration,
-                "loop": args.loop,
-                "annotate_dir": args.annotate,
-                "metrics_port": args.metrics_port,
-                "control": args.control,
-                "curve_secret": args.curve_secret,
-                "curve_clients": args.curve_clients,
-                "progress": args.progress,
-                "log_level": args.log_level,
-                "log_format": args.log_format,
-            },
-        )
+        flags = [key for key, about in config_mod.KEYS.items() if about.flag is not None]
+        cfg = config_mod.load(args.config, {key: getattr(args, key) for key in flags})
     except StreamError as exc:
         setup_logging("info")
         log.error("%s", exc)

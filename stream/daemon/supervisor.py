@@ -45,7 +45,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from stream import messages
-from stream.config import Config
+from stream.config import Config, worker_settings
 from stream.core.build import build_run, resolve
 from stream.core.frames import BatchSource, Sink
 from stream.core.lifecycle import capture_signals, stop_after
@@ -281,23 +281,15 @@ def cpu_threads_of(cfg: Config) -> int:
 
 
 def _worker_config(cfg: Config, slot: int | str, endpoint: str) -> Config:
+    """A worker's config: the supervisor's, with the keys the supervisor owns fixed as their descriptions say
+    (config.Key.worker), its own internal endpoint and its device."""
     return replace(
         cfg,
-        cpu_threads=cpu_threads_of(cfg) if slot == "cpu" else cfg.cpu_threads,
-        devices=(),
+        **worker_settings(),
+        publish=endpoint,
         device="cpu" if slot == "cpu" else cfg.device,
         device_id=0 if slot == "cpu" else int(slot),
-        publish=endpoint,
-        wait_subscribers=0,
-        wait_subscribers_timeout_s=0.0,
-        duration_s=0.0,
-        control="",
-        metrics_port=0,
-        annotate_dir="",
-        curve_secret="",
-        curve_clients="",
-        progress="off",
-        publish_hwm=0,
+        cpu_threads=cpu_threads_of(cfg) if slot == "cpu" else cfg.cpu_threads,
     )
 
 
