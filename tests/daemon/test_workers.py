@@ -171,7 +171,7 @@ def test_cpu_threads_of_a_cpu_worker() -> None:
 
 
 def _cuda_reason() -> str | None:
-    from stream.engines.cpu import cuda_unavailable_reason
+    from stream.engines.device import cuda_unavailable_reason
 
     return cuda_unavailable_reason()
 

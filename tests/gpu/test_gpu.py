@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from stream.engines.cpu import cuda_unavailable_reason
+from stream.engines.device import cuda_unavailable_reason
 
 from tests.conftest import collect_run, detections_of, free_port, unmatched
 

@@ -575,7 +575,7 @@ def test_nvdec_failure_falls_back_to_the_cpu(fake_nvdec: FakeNvc, tmp_path: Path
 # -- GPU ------------------------------------------------------------------------------------------------------------
 def _gpu_reason() -> str | None:
     from stream.sources.nvdec import nvdec_unavailable_reason
-    from stream.engines.cpu import cuda_unavailable_reason
+    from stream.engines.device import cuda_unavailable_reason
 
     return cuda_unavailable_reason() or nvdec_unavailable_reason("cuda")
 
