@@ -181,7 +181,7 @@ def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], mod
     with the same label, IoU >= 0.95 and a score within 0.005; at most 1% unmatched (near-ties in NMS)."""
     import onnxruntime as ort
 
-    from tests.engines.test_parity import bilinear
+    from tests.detect_ref import bilinear
 
     info = model_info
     sess = ort.InferenceSession(str(info.path), providers=["CUDAExecutionProvider"])
