@@ -90,18 +90,24 @@ def run_cli(args: list[str], timeout_s: float = 300.0, env: dict[str, str] | Non
     )
 
 
+def run_config(sources: list[str], endpoint: str, **settings: Any) -> Any:
+    """The config of an in-process run publishing on `endpoint` once one subscriber is in (CPU, no progress)."""
+    from stream import config
+
+    settings.setdefault("device", "cpu")
+    settings.setdefault("progress", "off")
+    return config.load(None, {"sources": sources, "publish": endpoint, "wait_subscribers": 1,
+                              "wait_subscribers_timeout_s": 60.0, **settings})
+
+
 def collect_run(sources: list[str], endpoint: str, **settings: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
     """Run the pipeline in-process with a real subscriber on `endpoint`; returns (RunResult, messages by stream)."""
     import asyncio
 
-    from stream import config
     from stream.daemon.serve import serve
     from stream.sources.naming import expand
 
-    settings.setdefault("device", "cpu")
-    settings.setdefault("progress", "off")
-    cfg = config.load(None, {"sources": sources, "publish": endpoint, "wait_subscribers": 1,
-                             "wait_subscribers_timeout_s": 60.0, **settings})
+    cfg = run_config(sources, endpoint, **settings)
     col = Collector(endpoint, expect_streams=len(expand(cfg.sources)))
     result = asyncio.run(serve(cfg))
     col.join()

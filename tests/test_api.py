@@ -7,6 +7,8 @@ import contextlib
 import io
 import os
 import re
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,15 +61,31 @@ def test_async_iterator_matches_blocking(videos: dict[str, Path]) -> None:
 
 
 def test_break_stops_the_pipeline(tmp_path: Path) -> None:
+    """Breaking out of the loop stops the background run: it stops reading long before the file's 900
+    frames, the loop is left promptly, and none of the pipeline's threads is left behind."""
     from stream.tools.sample import make_sample_video
 
-    long = make_sample_video(tmp_path / "long.mp4", width=320, height=240, seconds=30.0)
-    seen = 0
-    for _ in Pipeline(sources=[str(long)], device="cpu", max_pending=4):
-        seen += 1
-        if seen == 10:
+    long = make_sample_video(tmp_path / "long.mp4", width=320, height=240, seconds=30.0)  # 900 frames
+    before = set(threading.enumerate())
+    p = Pipeline(sources=[str(long)], device="cpu", max_pending=4)
+    seen: list[dict[str, Any]] = []
+    broke_at = 0.0
+    for msg in p:
+        seen.append(msg)
+        if len(seen) == 10:
+            broke_at = time.monotonic()
             break
-    assert seen == 10  # and we got here: the background run stopped instead of decoding all 900 frames
+    left_after_s = time.monotonic() - broke_at
+    assert [m["frame"] for m in seen] == list(range(10))
+    assert left_after_s < 30, f"the loop took {left_after_s:.1f} s to end after the break"
+    st = p.stats["long"]
+    assert st.expected == 900
+    # read: what was decoded before the stop reached the reader (the queues and the batches in flight)
+    assert 10 <= st.frames <= st.read < 200, (st.frames, st.read)
+    deadline = time.monotonic() + 5.0  # a thread may take a moment to end once its last call returns
+    while (left := [t.name for t in set(threading.enumerate()) - before]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not left, f"threads of the pipeline still running after the break: {left}"
 
 
 def test_bad_setting_is_a_config_error() -> None:

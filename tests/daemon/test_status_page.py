@@ -1,7 +1,8 @@
 """The status page: JPEG rendering, the HTTP routes, and the page in a real headless Chromium.
 
 The browser tests drive Debian's chromium through its WebDriver (chromium-driver) with selenium, all on
-127.0.0.1. They are skipped only when no chromium binary is found; CI installs it (.ci/run).
+127.0.0.1. They are skipped, saying what is missing, where chromium, chromedriver or selenium is not
+installed; CI installs them (.ci/run).
 """
 
 from __future__ import annotations
@@ -193,16 +194,26 @@ def chromium_binary() -> str | None:
     return None
 
 
+def chromedriver_binary() -> str | None:
+    path = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"  # Debian's chromium-driver
+    return path if os.access(path, os.X_OK) else None
+
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     binary = chromium_binary()
     if binary is None:
         pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium chromium-driver)")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
+    driver_path = chromedriver_binary()
+    if driver_path is None:
+        pytest.skip(f"chromium is here ({binary}) but not its WebDriver, chromedriver "
+                    "(Debian: apt-get install chromium-driver)")
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError as exc:
+        pytest.skip(f"selenium is not installed ({exc}); pip install -e '.[test]'")
 
-    driver_path = shutil.which("chromedriver") or "/usr/lib/chromium/chromedriver"
-    assert os.path.exists(driver_path), "chromium is here but not its WebDriver: apt-get install chromium-driver"
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",

@@ -153,10 +153,19 @@ def test_buffers_give_identical_results(h264: dict[str, Path]) -> None:
     assert runs[0] == runs[1] == runs[2]
 
 
-def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(videos: dict[str, Path]) -> None:
-    result, msgs = collect_run([str(videos["mpeg4_odd"])], ep(), device="cuda")
-    assert result.stats["mpeg4_odd"].state == "completed"
-    assert msgs["mpeg4_odd"][-1]["type"] == "eos"
+def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(
+    videos: dict[str, Path], model_info: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """MPEG-4 Part 2 is not decoded by NVDEC here: the stream is decoded with PyAV on the CPU instead (the
+    warning from stream.sources.registry says so, naming the stream), and every frame comes out once, in order."""
+    from tests.scenarios.test_e2e import check_stream
+
+    with caplog.at_level(logging.WARNING, logger="stream.sources.registry"):
+        result, msgs = collect_run([str(videos["mpeg4_odd"])], ep(), device="cuda")
+    fallback = [r.getMessage() for r in caplog.records if r.name == "stream.sources.registry"]
+    assert any("stream mpeg4_odd:" in m and "on the CPU with PyAV" in m for m in fallback), fallback
+    assert result.device == "cuda" and result.stats["mpeg4_odd"].state == "completed"
+    check_stream(msgs["mpeg4_odd"], "mpeg4_odd", videos["mpeg4_odd"], model_info.label_names)
 
 
 def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
@@ -181,7 +190,7 @@ def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], mod
     with the same label, IoU >= 0.95 and a score within 0.005; at most 1% unmatched (near-ties in NMS)."""
     import onnxruntime as ort
 
-    from tests.engines.test_parity import bilinear
+    from tests.detect_ref import bilinear
 
     info = model_info
     sess = ort.InferenceSession(str(info.path), providers=["CUDAExecutionProvider"])

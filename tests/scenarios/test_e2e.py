@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -12,7 +13,8 @@ from typing import Any
 import av
 import pytest
 
-from tests.conftest import ROOT, Collector, collect_run, detections_of, free_port, run_cli
+from tests.conftest import ROOT, Collector, detections_of, free_port, run_cli, run_config
+from tests.detect_ref import assert_matches_reference, assert_neighbours_differ, reference
 
 
 def decoded_frames(path: Path) -> int:
@@ -41,6 +43,9 @@ def check_stream(msgs: list[dict[str, Any]], sid: str, path: Path, names: tuple[
 
 
 def test_cli_files_to_subscriber(videos: dict[str, Path], model_info: Any) -> None:
+    """Every frame once, in order, with its own detections: each frame's are those of a plain reference for
+    that frame number (tests/detect_ref.py), which tells neighbouring frames apart, so detections published
+    for another frame of the same batch fail here."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     col = Collector(endpoint, expect_streams=len(videos))
     srcs = [a for p in videos.values() for a in ("--source", str(p))]
@@ -51,15 +56,92 @@ def test_cli_files_to_subscriber(videos: dict[str, Path], model_info: Any) -> No
     assert set(by) == set(videos)
     for sid, path in videos.items():
         check_stream(by[sid], sid, path, model_info.label_names)
+        ref = reference(path, model_info)
+        assert_neighbours_differ(ref, model_info, range(4))  # the first batch (4 frames on the CPU path)
+        assert_matches_reference(by[sid], ref, model_info, sid)
     counts = [len(d) for d in detections_of(by["plain"])]
     assert 0 in counts and len(set(counts)) > 3, f"the shipped model's detection count should vary: {counts}"
     assert "completed" in proc.stderr and "plain" in proc.stderr  # the summary table
 
 
-def test_msgpack_and_stream_ids(videos: dict[str, Path], endpoint: str) -> None:
-    result, by = collect_run([f"cam1={videos['plain']}", f"cam2={videos['plain']}"], endpoint, format="msgpack")
+class RawSubscriber:
+    """A bare ZeroMQ SUB socket on a thread: every (topic, payload) as it came off the wire, undecoded, until
+    `expect_streams` streams have sent their eos."""
+
+    def __init__(self, endpoint: str, expect_streams: int, timeout_s: float = 120.0) -> None:
+        self.frames: list[tuple[bytes, bytes]] = []
+        self.error: BaseException | None = None
+        self._args = (endpoint, expect_streams, timeout_s)
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import zmq
+
+        from stream.messages import decode
+
+        endpoint, expect, timeout_s = self._args
+        ctx = zmq.Context()
+        sock = ctx.socket(zmq.SUB)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+        try:
+            ended = 0
+            deadline = time.monotonic() + timeout_s
+            while ended < expect and time.monotonic() < deadline:
+                if not sock.poll(100):
+                    continue
+                topic, payload = sock.recv_multipart()
+                self.frames.append((topic, payload))
+                ended += decode(payload)["type"] == "eos"  # either format: the test checks which one it is
+        except BaseException as exc:  # noqa: BLE001 - reported by join()
+            self.error = exc
+        finally:
+            sock.close(0)
+            ctx.term()
+
+    def join(self, timeout_s: float = 180.0) -> list[tuple[bytes, bytes]]:
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), f"subscriber still waiting after {timeout_s} s; got {len(self.frames)}"
+        if self.error:
+            raise self.error
+        return self.frames
+
+
+def test_msgpack_and_stream_ids(videos: dict[str, Path], endpoint: str, model_info: Any) -> None:
+    """format = "msgpack" puts msgpack on the wire (read with a bare SUB socket, not stream.client, which takes
+    either format), each message under its stream id's topic, with the detections of the frame it names."""
+    import asyncio
+
+    import msgpack
+
+    from stream.daemon.serve import serve
+    from stream.messages import validate
+
+    path = videos["plain"]
+    sub = RawSubscriber(endpoint, expect_streams=2)
+    result = asyncio.run(serve(run_config([f"cam1={path}", f"cam2={path}"], endpoint, format="msgpack")))
+    frames = sub.join()
+    by: dict[str, list[dict[str, Any]]] = {}
+    for topic, payload in frames:
+        assert payload[:1] != b"{", f"JSON on the wire with format = msgpack: {payload[:60]!r}"
+        with pytest.raises(ValueError):
+            json.loads(payload)
+        msg = msgpack.unpackb(payload, raw=False)
+        assert isinstance(msg, dict) and validate(dict(msg)) == msg
+        assert topic == msg["stream"].encode(), (topic, msg)
+        by.setdefault(msg["stream"], []).append(msg)
     assert set(by) == {"cam1", "cam2"}
-    assert detections_of(by["cam1"]) == detections_of(by["cam2"])  # same file, same detections
+    n = decoded_frames(path)
+    ref = reference(path, model_info)
+    assert len(ref) == n
+    for sid, msgs in by.items():
+        assert [m["seq"] for m in msgs] == list(range(n + 1)), f"{sid}: messages missing or out of order"
+        assert [m["frame"] for m in msgs[:-1]] == list(range(n))
+        assert msgs[-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0, "seq": n}
+        assert_matches_reference(msgs, ref, model_info, sid)
     assert all(s.state == "completed" for s in result.stats.values())
 
 
@@ -186,9 +268,13 @@ def test_sigterm_drains_and_publishes_eos(tmp_path: Path) -> None:
     assert proc.returncode == 0, err
     msgs = col.join(30)
     dets = [m for m in msgs if m["type"] == "detections"]
-    assert msgs[-1] == {"v": 1, "type": "eos", "stream": "long", "frames": len(dets), "read": len(dets), "dropped": 0}
-    assert [m["frame"] for m in dets] == list(range(len(dets)))
-    assert 20 <= len(dets) < 900, "stopped neither too early nor after the whole file"
+    eos = msgs[-1]
+    assert eos["type"] == "eos" and eos["stream"] == "long", eos
+    # what was read and not dropped was published: frames in flight at SIGTERM are not lost on the way
+    assert eos["frames"] == len(dets) == eos["read"] - eos["dropped"], eos
+    assert eos["dropped"] == 0, "a file is read without drops"
+    assert [m["frame"] for m in dets] == list(range(len(dets))), "frames missing, repeated or out of order"
+    assert 20 <= len(dets) and eos["read"] < 900, "stopped neither too early nor after the whole file (30 s at 30 fps)"
 
 
 def test_json_logs(videos: dict[str, Path]) -> None:

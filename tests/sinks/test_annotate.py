@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,17 +186,35 @@ def test_a_cut_off_file_is_playable_up_to_the_cut(videos: dict[str, Path], tmp_p
 def test_close_stops_an_annotator_that_is_not_done_in_time(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """close() with timeout_s=0 stops an annotator with frames still queued; what it wrote is a proper file.
+
+    Deterministic: the first 20 frames are written (the annotator then waits for more), the other 100 and
+    the eos are queued and close() is called at once: writing 100 frames takes far longer than close()
+    takes to abort, so the annotator stops between frame 20 and 120."""
     from stream.tools.sample import make_sample_video
 
     video = make_sample_video(tmp_path / "long.mp4", width=320, height=240, seconds=4.0)
     sink = AnnotatingSink(ListSink(), tmp_path / "out", {"long": Source("long", str(video))}, timeout_s=0.0)
+    msgs = fake_messages("long", 120)
+
+    async def go() -> Annotator:
+        for m in msgs[:20]:
+            await sink.send(m)
+        (ann,) = sink.annotators
+        deadline = time.monotonic() + 60
+        while ann.frames < 20 and ann.active and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert ann.frames == 20 and ann.active, (ann.frames, ann.state, ann.error)
+        for m in msgs[20:]:
+            await sink.send(m)
+        await sink.close()
+        return ann
+
     with caplog.at_level(logging.ERROR):
-        feed(sink, fake_messages("long", 120))  # queued at once; close() gives the annotator no time
-    (ann,) = sink.annotators
-    assert ann.state == "aborted" and 0 <= ann.frames < 120
+        ann = asyncio.run(go())
+    assert ann.state == "aborted" and 20 <= ann.frames < 120, (ann.state, ann.frames)
     assert any("stopped unfinished" in r.getMessage() and "long.mp4" in r.getMessage() for r in caplog.records)
-    if ann.frames:  # the file is closed properly: every frame written is in it
-        assert video_facts(tmp_path / "out" / "long.mp4")["frames"] == ann.frames
+    assert video_facts(tmp_path / "out" / "long.mp4")["frames"] == ann.frames  # closed properly: every frame in it
 
 
 # -- the command ---------------------------------------------------------------------------------------------
