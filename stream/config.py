@@ -24,6 +24,36 @@ from typing import Any, get_type_hints
 from stream.errors import ConfigError
 from stream.messages import FORMATS
 
+__all__ = [
+    "CONTROL_ENDPOINT",
+    "CONV_ALGO_SEARCHES",
+    "CUDA_GRAPHS",
+    "Config",
+    "DEVICES",
+    "FORMATS",
+    "Flag",
+    "Key",
+    "LIVE_DECODES",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "PROGRESS",
+    "PUBLISH_ENDPOINT",
+    "RTSP_TRANSPORTS",
+    "SOURCE_KEYS",
+    "SourceSpec",
+    "check_devices",
+    "check_sources",
+    "check_value",
+    "check_workers",
+    "device_list",
+    "from_mapping",
+    "known_keys",
+    "load",
+    "parse_source",
+    "read_toml",
+    "worker_settings",
+]
+
 DEVICES = ("auto", "cpu", "cuda")
 PROGRESS = ("auto", "on", "off")
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -225,7 +255,7 @@ class Config:
     buffers: int = _key(
         3, "Inference buffers on CUDA: sessions, each with its own CUDA stream and IOBinding, running at once; "
         "each one more holds another session's GPU memory.", bounds=(1, 8), flag=Flag(("--buffers",), "N"))
-    # (3: the fastest measured on the H200, bench/RESULTS.md, 2026-12-04)
+    # (3: the fastest measured on the H200, bench/RESULTS.md)
     queue_batches: int = _key(
         2, "Batches of a stream decoded ahead of publishing; bounds memory and latency.", bounds=(1, 64))
     conv_algo_search: str = _key(
