@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any
 
 from stream import config as config_mod
@@ -62,7 +62,7 @@ class Pipeline:
         if self._runner is not None and self._loop is not None:
             self._loop.call_soon_threadsafe(self._runner.stop)
 
-    async def messages(self) -> AsyncIterator[dict[str, Any]]:
+    async def messages(self) -> AsyncGenerator[dict[str, Any], None]:
         sink = _QueueSink(self.max_pending)
         run = await build_run(self.config, sink=sink)
         runner = run.runner

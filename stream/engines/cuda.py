@@ -394,7 +394,7 @@ class CudaEngine:
                     f"stream {batch.stream}: model {info.path.name} failed on frames "
                     f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
                 ) from exc
-            outs = [ortvalue_as_cupy(ov) for ov in (slot.outputs if self.graph else slot.binding.get_outputs())]
+            outs = [ortvalue_as_cupy(ov) for ov in ((slot.outputs or []) if self.graph else slot.binding.get_outputs())]
             if synthetic:  # warm-up only: the code paths that run on detections (made once, copied per run)
                 if self._synthetic is None:
                     self._synthetic = synthetic_outputs(cp, outs, info.batch, self.post is not None)

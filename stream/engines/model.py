@@ -149,8 +149,8 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
     Pure: takes the pieces of a session, so that it is testable without one.
     """
     if len(inputs) != 1:
-        names = ", ".join(i.name for i in inputs)
-        raise _fail(path, f"has {len(inputs)} inputs ({names}); stream feeds exactly one image tensor")
+        listed = ", ".join(i.name for i in inputs)
+        raise _fail(path, f"has {len(inputs)} inputs ({listed}); stream feeds exactly one image tensor")
     (inp,) = inputs
     if inp.type not in _DTYPES:
         raise _fail(path, f"input {inp.name!r} has type {inp.type}; stream feeds float32 or float16 images")
@@ -220,11 +220,11 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
         width=dims["width"],
         dtype=_DTYPES[inp.type],
         scale=float(spec.get("scale", 1.0 / 255.0)),
-        mean=tuple(float(x) for x in spec.get("mean", (0.0, 0.0, 0.0))),  # type: ignore[arg-type]
-        std=tuple(float(x) for x in spec.get("std", (1.0, 1.0, 1.0))),  # type: ignore[arg-type]
-        boxes=names["boxes"],  # type: ignore[arg-type]
-        scores=names["scores"],  # type: ignore[arg-type]
-        labels=names["labels"],  # type: ignore[arg-type]
+        mean=_three(spec.get("mean", (0.0, 0.0, 0.0)), path, "mean"),
+        std=_three(spec.get("std", (1.0, 1.0, 1.0)), path, "std"),
+        boxes=names["boxes"] or "",
+        scores=names["scores"] or "",
+        labels=names["labels"] or "",
         batch_index=names["batch_index"],
         label_names=labels,
         score_thresh=float(thresh) if thresh else None,
@@ -253,6 +253,15 @@ def load_info(path: str | Path) -> ModelInfo:
         raise ModelError(f"model {p}: ONNX Runtime cannot load it ({str(exc).splitlines()[0][:300]}). Re-export it with `stream export-model`.") from exc
     meta = dict(sess.get_modelmeta().custom_metadata_map)
     return describe(p, meta, sess.get_inputs(), sess.get_outputs())
+
+
+def _three(values: Any, path: Path, key: str) -> tuple[float, float, float]:
+    """A metadata triple (per RGB channel) as floats."""
+    try:
+        a, b, c = (float(x) for x in values)
+    except (TypeError, ValueError) as exc:
+        raise _fail(path, f"metadata stream.input {key} must be three numbers, one per RGB channel; got {values!r}") from exc
+    return a, b, c
 
 
 def default_model_path() -> Path:

@@ -232,7 +232,7 @@ class DaliBatchSource:
         from stream.sources.host import HostPreprocessor
 
         pre = HostPreprocessor(self.info)
-        data, frames = pre.new_batch(), []
+        data, frames = pre.new_batch(), list[FrameMeta]()
         try:
             for meta, rgb in iter_rgb(self.src):
                 if self._closed:
@@ -243,7 +243,7 @@ class DaliBatchSource:
                 frames.append(meta)
                 if len(frames) == self.info.batch:
                     yield Batch(self.stream, frames, data)
-                    data, frames = pre.new_batch(), []
+                    data, frames = pre.new_batch(), list[FrameMeta]()
         except DecodeError:  # what decoded before the error is still published; the error then fails the stream
             if frames:
                 yield Batch(self.stream, frames, data)

@@ -140,7 +140,9 @@ class LiveBatchSource:
         self._host_rows = HostRows(info)
         self._dev_rows: Any = None
         self.route = self._choose_route(device)
-        self._rows: Any = self._dev_rows if self.route == "nvdec" else self._host_rows
+        self._rows: Any = self._host_rows  # the row strategy in use: HostRows, or DeviceRows on the NVDEC route
+        if self.route == "nvdec":
+            self._rows = self._dev_rows
         self._free = [self._rows.new_batch() for _ in range(self._pool)]
         self._cond = threading.Condition()
         self._ready: deque[_Pending] = deque()

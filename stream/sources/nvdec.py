@@ -553,7 +553,7 @@ class NvdecDecoder:
             if raw and not self._on_our_stream and not self._wait_ok:
                 cp.cuda.runtime.deviceSynchronize()  # the decoder's copies are done before our kernels read them
             out = []
-            for f in raw:
+            for f in raw or ():
                 out.append((self._wrap(f, cp), self._pts_of(f)))
         self.frames += len(out)
         self._handed_out = bool(out)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,7 +204,7 @@ class SequenceScan:
         self._stop.set()
 
 
-def iter_rgb(src: Source, *, threads: bool = True) -> Iterator[tuple[FrameMeta, np.ndarray]]:
+def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
     """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order."""
     import av
 

@@ -279,6 +279,11 @@ def _head_only(model: nn.Module, height: int, width: int) -> nn.Module:
     return HeadOnly(model).eval()
 
 
+def _four(weights: Any) -> tuple[float, float, float, float]:
+    wx, wy, ww, wh = (float(w) for w in weights)
+    return wx, wy, ww, wh
+
+
 def head_spec(model: nn.Module, height: int, width: int) -> Any:
     """The HeadSpec of `model` at this input size, checked against torchvision's own anchors."""
     import numpy as np
@@ -303,7 +308,7 @@ def head_spec(model: nn.Module, height: int, width: int) -> Any:
         cls=HEAD_OUTPUT_NAMES[0], reg=HEAD_OUTPUT_NAMES[1], num_classes=int(model.head.classification_head.num_classes),
         levels=levels, image_size=(height, width), topk_candidates=int(model.topk_candidates),
         nms_thresh=float(model.nms_thresh), detections_per_img=int(model.detections_per_img),
-        score_thresh=float(model.score_thresh), box_weights=tuple(float(w) for w in model.box_coder.weights),
+        score_thresh=float(model.score_thresh), box_weights=_four(model.box_coder.weights),
         bbox_xform_clip=float(model.box_coder.bbox_xform_clip),
     )  # fmt: skip
     with torch.no_grad():
