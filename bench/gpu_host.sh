@@ -77,9 +77,12 @@ need() {
 
 gpu_tests() {
   need "device 8 fp32" "device 8 fp16"  # tests/gpu/test_gpu_postprocess.py takes them from $STREAM_TEST_MODELS
+  local rc
   STREAM_TEST_MODELS=$MODELS timeout 580 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu \
-    tests/sources/test_nvdec.py tests/daemon/test_workers.py 2>&1 | grep -v "W:onnx" > "$OUT/pytest-gpu.txt"
+    tests/sources/test_nvdec.py tests/daemon/test_workers.py > "$OUT/pytest-gpu.txt" 2>&1
+  rc=$?
   grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -20
+  return $rc
 }
 
 bench() {
