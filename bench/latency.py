@@ -166,10 +166,6 @@ async def serve(spec: dict[str, Any]) -> None:
     from stream.sinks.publish import Publisher
 
     cfg = config.load(None, spec["config"])
-    if spec.get("no_lead"):  # A/B: live frames dropped by their age at the take alone (the batcher before 2026-12-04)
-        from stream.core import batcher
-
-        batcher.LEAD_CAP = 0.0
     info = load_info(cfg.model or default_model_path())
     engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     metrics = Metrics()
@@ -326,8 +322,7 @@ class Daemon:
         cfgd = {"device": a.device, "device_id": a.device_id, "model": str(a.model or default_model_path()),
                 "buffers": a.buffers, "publish": endpoint, "metrics_port": self.m_port, "progress": "off",
                 "linger_s": 2.0, **overrides}  # fmt: skip
-        spec = {"config": cfgd, "mode": mode, "location": location, "fps": fps, "warm": str(warm),
-                "no_lead": bool(getattr(a, "no_lead", False))}
+        spec = {"config": cfgd, "mode": mode, "location": location, "fps": fps, "warm": str(warm)}
         self.log = tmp / f"daemon-{mode}.log"
         self.sub = Subscriber(endpoint)
         with open(self.log, "w") as errf:
@@ -574,8 +569,6 @@ def main() -> None:
     ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
-    ap.add_argument("--no-lead", action="store_true",
-                    help="drop live frames by their age at the take alone, not by age plus the recent run time")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: latency histogram, one series per point")
     a = ap.parse_args()
@@ -604,7 +597,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
         "model": f"{model.name} ({info.architecture}, {info.width}x{info.height}, batch {info.batch}, {info.dtype})",
         "config": {"buffers": cfg.buffers, "queue_batches": cfg.queue_batches, "batch_timeout_ms": cfg.batch_timeout_ms,
-                   "max_staleness_ms": cfg.max_staleness_ms, "set": a.set, "no_lead": a.no_lead},
+                   "max_staleness_ms": cfg.max_staleness_ms, "set": a.set},
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
         "modes": {}, "points": [],
     }  # fmt: skip
@@ -638,7 +631,7 @@ def main() -> None:
                                          f"(PacedContainer), not by stream; feeds staggered by 1/N frame")  # fmt: skip
                 plan.append(("paced", str(video.resolve()), fps, warm))
         print(f"{a.device}: {res['model']}; buffers {cfg.buffers}, batch_timeout_ms {cfg.batch_timeout_ms}, "
-              f"max_staleness_ms {cfg.max_staleness_ms}{' (no lead)' if a.no_lead else ''}; {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+              f"max_staleness_ms {cfg.max_staleness_ms}; {os.cpu_count()} CPUs", flush=True)  # fmt: skip
         for mode, location, fps, warm in plan:
             daemon = Daemon(a, mode, location, fps, warm, tmp, overrides)
             try:

@@ -6,7 +6,7 @@
 What it does:
 - makes its test videos (stream/tools/sample.py) in a scratch folder, starts GStreamer's RTSP server
   (tests/rtsp_server.py, with the system python3) when --live > 0, and starts `stream run --loop --control
-  --metrics-port` as a subprocess on loopback ports of its own;
+  --http-port` as a subprocess on loopback ports of its own;
 - reads every message with a steady subscriber (RCVHWM 0) and checks, per stream: frame numbers contiguous
   for file streams (no loss), for live feeds every hole in the frame numbers covered by a counted drop
   (`stream_dropped_frames_total`), and no gap in `seq` at all;
@@ -395,7 +395,7 @@ class Soak:
         a = self.args
         cmd = [sys.executable, "-m", "stream", "run", "--config", str(self.work / "soak.toml"),
                *[x for s in sources for x in ("--source", s)], "--device", a.device, "--loop",
-               "--control", self.control, "--metrics-port", str(self.mport), "--publish", self.publish,
+               "--control", self.control, "--http-port", str(self.mport), "--publish", self.publish,
                "--wait-subscribers", "1", "--progress", "off", "--log-level", a.log_level]  # fmt: skip
         if a.model:
             cmd += ["--model", a.model]

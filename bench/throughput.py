@@ -5,7 +5,7 @@
 
 The naive loop: PyAV decodes each frame to RGB on the host, OpenCV resizes it, numpy scales it, and
 `session.run` takes the host array, one frame at a time (batch 1), on the same execution provider.
-Ours: `stream.core.pipeline` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
+Ours: `stream.core.runner.Runner` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
 after a warm-up run on a short clip so that session creation and cuDNN's algorithm search are not timed.
 Both read the same video; prints both fps and their ratio, and writes them as JSON with --json.
 """
