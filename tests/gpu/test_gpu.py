@@ -111,7 +111,7 @@ def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any,
         g, c = detections_of(gmsgs[sid]), detections_of(cmsgs[sid])
         assert len(g) == len(c) == gpu.stats[sid].frames == cpu.stats[sid].frames
         assert [m["frame"] for m in gmsgs[sid][:-1]] == list(range(len(g)))
-        assert gmsgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(g)}
+        assert gmsgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(g), "read": len(g), "dropped": 0}
         for i, (gd, cd) in enumerate(zip(g, c)):
             missed += len(unmatched(cd, gd, min_iou=0.8, score_tol=0.03, floor=floor))
             missed += len(unmatched(gd, cd, min_iou=0.8, score_tol=0.03, floor=floor))
@@ -231,7 +231,7 @@ def test_hevc_decodes_on_nvdec(tmp_path: Path, caplog: pytest.LogCaptureFixture)
         n = sum(1 for _ in c.decode(video=0))
     assert result.stats["hevc"].state == "completed"
     assert [m["frame"] for m in msgs["hevc"][:-1]] == list(range(n))
-    assert msgs["hevc"][-1] == {"v": 1, "type": "eos", "stream": "hevc", "frames": n}
+    assert msgs["hevc"][-1] == {"v": 1, "type": "eos", "stream": "hevc", "frames": n, "read": n, "dropped": 0}
 
 
 def test_resolution_change_on_the_gpu_path(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
