@@ -29,14 +29,10 @@ class RunStatus:
         return running and not stopping, {"running": running, "stopping": stopping, "streams": states}
 
     def status_rows(self) -> list[dict[str, Any]]:
-        """Every stream, for the status page."""
+        """Every stream, for the status page: fps over the last seconds, latency, drops, reconnects."""
         return [
             {
-                "id": st.id,
-                "source": st.location,
-                "state": st.state,
-                "frames": st.frames,
-                "detections": st.detections,
+                **_common(st),
                 "fps": round(st.recent_fps(), 2),
                 "latency_p50_ms": st.latency_ms(0.50),
                 "latency_p99_ms": st.latency_ms(0.99),
@@ -48,19 +44,8 @@ class RunStatus:
         ]
 
     def listing(self) -> list[dict[str, Any]]:
-        """Every stream, for `stream ctl list`."""
-        return [
-            {
-                "id": st.id,
-                "source": st.location,
-                "state": st.state,
-                "frames": st.frames,
-                "detections": st.detections,
-                "fps": round(st.fps, 2),
-                "error": st.error,
-            }
-            for st in list(self.stats.values())
-        ]
+        """Every stream, for `stream ctl list`: fps over the whole run."""
+        return [{**_common(st), "fps": round(st.fps, 2), "error": st.error} for st in list(self.stats.values())]
 
     def latest_frame(self, stream_id: str) -> tuple[Any, list[dict[str, Any]], tuple[int, int]] | None:
         """The stream's latest snapshot: (RGB uint8 image at the model's size, its detections, source size).
@@ -77,3 +62,7 @@ class RunStatus:
             return None
         row, msg = snap
         return self.info.to_image(row), list(msg["detections"]), (int(msg["width"]), int(msg["height"]))
+
+
+def _common(st: StreamStats) -> dict[str, Any]:
+    return {"id": st.id, "source": st.location, "state": st.state, "frames": st.frames, "detections": st.detections}
