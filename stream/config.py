@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from stream.core.shard import SHARDS_ENV, check_shard
 from stream.errors import ConfigError
 from stream.messages import FORMATS
 
@@ -233,6 +234,12 @@ class Config:
         "one worker.", check=check_devices, type_name='list of CUDA indexes or "cpu"',
         unset="one worker, in this process, on device and device_id", worker=(),
         flag=Flag(("--devices",), "LIST", parse=device_list))
+    shard: str = _key(
+        "", "Take only this daemon's share of the configured streams, split among several daemons by rendezvous "
+        'hashing of the stream ids: "I/N" is shard I (from 0) of N; "auto" takes I from the hostname\'s -I suffix '
+        f"(a StatefulSet pod, NAME-I) and N from ${SHARDS_ENV}. Every shard must read the same sources. Streams "
+        '`stream ctl add` starts are not filtered. "": every stream.', check=check_shard, type_name="string",
+        worker="", flag=Flag(("--shard",), "I/N"))  # a worker is given its streams, already this shard's
     # publishing
     publish: str = _key(
         PUBLISH_ENDPOINT, "ZeroMQ endpoint the publisher binds; 127.0.0.1 keeps the feed on this machine.",

@@ -137,7 +137,7 @@ def test_run_flags_are_the_keys_flags() -> None:
         "-h", "--help", "--config", "--source", "--model", "--device", "--device-id", "--devices", "--publish",
         "--format", "--wait-subscribers", "--buffers", "--duration", "--loop", "--annotate", "--http-port",
         "--metrics-port", "--control", "--curve-secret", "--curve-clients", "--progress", "--log-level",
-        "--log-format",
+        "--log-format", "--shard",
     }  # fmt: skip
     for key, about in config.KEYS.items():
         if about.flag is not None:

@@ -27,6 +27,7 @@ from stream.config import Config
 from stream.core.frames import BatchSource, Engine, Sink
 from stream.core.instrument import Instrument
 from stream.core.runner import Runner
+from stream.core.shard import ShardView, shard_of, split
 from stream.core.stats import ProgressFn
 from stream.engines.model import ModelInfo, default_model_path, load_info
 from stream.sinks.curve import ServerKeys, server_keys
@@ -49,13 +50,22 @@ def sample_video_path() -> Path:
     return path
 
 
-def resolve(cfg: Config) -> tuple[list[Source], ModelInfo]:
-    """Streams and model for a config; the embedded default where none are given."""
+def resolve(cfg: Config) -> tuple[list[Source], ModelInfo, ShardView | None]:
+    """Streams and model for a config; the embedded default where none are given. With `shard` set, only
+    this shard's streams, and what it left to the others (stream.core.shard)."""
     sources = expand(cfg.sources)
     if not sources:
         sources = [Source("sample", str(sample_video_path()))]
+    view = None
+    shard = shard_of(cfg.shard)
+    if shard is not None:
+        view = split([s.id for s in sources], shard)
+        kept = set(view.kept)
+        sources = [s for s in sources if s.id in kept]
+        log.info("shard %s runs %d of %d streams: %s", shard, len(view.kept), len(view.kept) + len(view.skipped),
+                 ", ".join(view.kept) or "(none)")  # fmt: skip
     info = load_info(cfg.model or default_model_path())
-    return sources, info
+    return sources, info, view
 
 
 def newest_source(sources: list[Source], stream_id: str) -> Source | None:
@@ -121,8 +131,9 @@ async def build_run(
     from stream.engines.device import choose_device, make_engine
     from stream.sources.registry import make_source
 
+    view = None
     if sources is None:
-        sources, info = resolve(cfg)
+        sources, info, view = resolve(cfg)
     else:
         info = load_info(cfg.model or default_model_path())
     keys = server_keys(cfg.curve_secret, cfg.curve_clients)
@@ -158,4 +169,5 @@ async def build_run(
         instrument=instrument,
         keep_running=keep_running,
     )
+    runner.status.shard = view
     return Run(cfg, sources, info, device, engine, keys, publisher, sink, runner, closers)

@@ -21,6 +21,7 @@ from stream.config import Config
 from stream.core.batcher import Batcher
 from stream.core.frames import BatchSource, Engine, Sink
 from stream.core.instrument import Instrument
+from stream.core.shard import shard_of, split
 from stream.core.stats import ProgressFn, StreamStats
 from stream.core.status import RunStatus
 from stream.core.stream_task import StreamTask
@@ -99,7 +100,8 @@ class Runner:
         log.info("stream %s: removing", stream_id)
 
     def reload(self) -> None:
-        """Read the config file again (SIGHUP): start streams it adds, remove config streams it dropped."""
+        """Read the config file again (SIGHUP): start streams it adds, remove config streams it dropped (of
+        this shard's, where the run is one shard of several)."""
         if self.cfg.config_path is None:
             log.warning("SIGHUP: no --config file to read again")
             return
@@ -107,6 +109,10 @@ class Runner:
 
         try:
             wanted = {s.id: s for s in expand(load(self.cfg.config_path).sources)}
+            shard = shard_of(self.cfg.shard)  # the run's own shard: a shard stays itself across reloads
+            if shard is not None:
+                self.status.shard = view = split(list(wanted), shard)
+                wanted = {sid: wanted[sid] for sid in view.kept}
         except StreamError as exc:
             log.error("SIGHUP: %s; keeping the streams as they are", exc)
             return

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from stream.core.shard import ShardView
 from stream.core.stats import StreamStats
 from stream.engines.model import ModelInfo
 
@@ -21,6 +22,11 @@ class RunStatus:
         self.stats = stats  # the runner's own dict: streams added at run time show up
         self.info = info
         self._state = state  # () -> (running, stopping)
+        self.shard: ShardView | None = None  # set by build_run where the daemon is one shard of several
+
+    def shard_info(self) -> dict[str, Any] | None:
+        """Which shard this daemon is and the configured streams it left to the others; None unsharded."""
+        return None if self.shard is None else self.shard.as_dict()
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         """For /healthz: ok while the run is going and not stopping."""

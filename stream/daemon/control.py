@@ -3,6 +3,7 @@
 ZeroMQ REQ/REP on the event loop, one JSON object each way:
 
     {"cmd": "list"}                         -> {"ok": true, "streams": [{id, source, state, frames, ...}]}
+                                               (a shard adds "shard": {shard, index, count, streams, skipped})
     {"cmd": "add", "id": ID, "source": S}   -> {"ok": true, "added": [ids]}     S: file, glob, folder or URL
     {"cmd": "remove", "id": ID}             -> {"ok": true, "removed": ID}     the stream's eos follows
     anything wrong                          -> {"ok": false, "error": "what and what to do"}
@@ -40,7 +41,11 @@ def handle(runner: Runner, req: Any) -> dict[str, Any]:
     cmd = req["cmd"]
     try:
         if cmd == "list":
-            return {"ok": True, "streams": runner.status.listing()}
+            reply: dict[str, Any] = {"ok": True, "streams": runner.status.listing()}
+            shard = runner.status.shard_info()
+            if shard is not None:  # which shard this is, and the configured streams left to the others
+                reply["shard"] = shard
+            return reply
         if cmd == "add":
             sid, source = req.get("id"), req.get("source")
             if not isinstance(sid, str) or not sid or not isinstance(source, str) or not source:

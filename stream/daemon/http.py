@@ -96,6 +96,10 @@ class Metrics(Instrument):
     def _status_rows(self) -> list[dict[str, Any]]:
         return [] if self._status is None else list(self._status.status_rows())
 
+    def _shard(self) -> dict[str, Any] | None:
+        shard_info = getattr(self._status, "shard_info", None)
+        return None if shard_info is None else shard_info()
+
     def _frame(self, stream_id: str) -> tuple[int, bytes, str]:
         """(code, body, content type) for GET /frame/<stream_id>.jpg."""
         if stream_id not in {row["id"] for row in self._status_rows()}:
@@ -130,7 +134,8 @@ class Metrics(Instrument):
                     nocache = True
                     try:
                         if path == "/status.json":
-                            body = json.dumps(status_page.status_json(metrics._status_rows())).encode()
+                            status = status_page.status_json(metrics._status_rows(), metrics._shard())
+                            body = json.dumps(status).encode()
                             ctype, code = "application/json", 200
                         else:
                             stream_id = urllib.parse.unquote(path[len("/frame/") : -len(".jpg")])

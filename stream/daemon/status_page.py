@@ -1,7 +1,8 @@
 """The status page the metrics server serves: one self-contained HTML page, its JSON, and annotated JPEGs.
 
     GET /                 the page (inline CSS and JS, nothing fetched from elsewhere)
-    GET /status.json      {"time": unix seconds, "streams": [row, ...]} (rows: Runner.status_rows())
+    GET /status.json      {"time": unix seconds, "streams": [row, ...]} (rows: Runner.status_rows()); a shard adds
+                          "shard": {shard, index, count, streams, skipped} (stream.core.shard)
     GET /frame/<id>.jpg   the stream's latest snapshot with its boxes drawn
 
 The page polls /status.json every 500 ms and updates its table in place (streams added at run time get a row,
@@ -19,8 +20,11 @@ import numpy as np
 POLL_MS = 500
 
 
-def status_json(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"time": round(time.time(), 3), "streams": rows}
+def status_json(rows: list[dict[str, Any]], shard: dict[str, Any] | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"time": round(time.time(), 3), "streams": rows}
+    if shard is not None:  # which shard this daemon is, and the configured streams it left to the others
+        out["shard"] = shard
+    return out
 
 
 def draw(image: np.ndarray, detections: list[dict[str, Any]], source_size: tuple[int, int]) -> np.ndarray:
@@ -173,7 +177,9 @@ async function poll() {
       streams.delete(id);
     }
     meta.className = "";
-    meta.textContent = data.streams.length + " streams, updated " + new Date(data.time * 1000).toLocaleTimeString();
+    const shard = data.shard ? "shard " + data.shard.shard + " (left to the other shards: " +
+      (data.shard.skipped.join(", ") || "none") + "), " : "";
+    meta.textContent = shard + data.streams.length + " streams, updated " + new Date(data.time * 1000).toLocaleTimeString();
   } catch (e) {
     meta.className = "down";
     meta.textContent = "the daemon does not answer (" + e + "); retrying";

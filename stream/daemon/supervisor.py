@@ -473,7 +473,7 @@ class Supervisor:
         from stream.sinks.curve import server_keys
 
         cfg = self.cfg
-        sources, _ = resolve(cfg)  # a bad source list or model is an error before any process starts
+        sources, _, _ = resolve(cfg)  # a bad source list or model is an error before any process starts
         keys = server_keys(cfg.curve_secret, cfg.curve_clients)
         self._tmp = tempfile.mkdtemp(prefix="stream-workers-")  # 0700: the internal endpoints are ours alone
         import zmq

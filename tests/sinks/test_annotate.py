@@ -42,7 +42,7 @@ def run_annotating(
 
     async def go() -> tuple[ListSink, AnnotatingSink, Any]:
         cfg = config.load(None, {"sources": sources, "device": "cpu", "progress": "off", **settings})
-        srcs, info = resolve(cfg)
+        srcs, info, _ = resolve(cfg)
         engine = make_engine("cpu", info, cfg)
         inner = ListSink()
         sink = AnnotatingSink(inner, out_dir, lambda sid: next((s for s in reversed(srcs) if s.id == sid), None))
