@@ -120,7 +120,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 # -- subscribe ------------------------------------------------------------------------------------------------
 def _add_subscribe(sub: Any) -> None:
     p = sub.add_parser("subscribe", help="print the messages a running `stream run` publishes")
-    p.add_argument("endpoint", nargs="+", help="one or more endpoints, e.g. tcp://127.0.0.1:5556")
+    p.add_argument("endpoint", nargs="*", help="one or more endpoints, e.g. tcp://127.0.0.1:5556")
+    p.add_argument("--discover", metavar="HOST:PORT",
+                   help="every address HOST resolves to (a Kubernetes headless Service: every ready pod), at PORT; "
+                        "resolved again every --discover-interval seconds")  # fmt: skip
+    p.add_argument("--discover-interval", type=float, default=5.0, metavar="S",
+                   help="seconds between two lookups of --discover's HOST (default 5)")  # fmt: skip
     p.add_argument("--stream", action="append", metavar="ID", help="only this stream; repeatable")
     p.add_argument("--count", type=int, metavar="N", help="stop after N messages")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -154,17 +159,26 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     from stream.client import SeqGaps, iter_messages
 
     setup_logging("warning")
+    if not args.endpoint and not args.discover:
+        print("stream subscribe: give one or more endpoints (tcp://HOST:PORT) or --discover HOST:PORT", file=sys.stderr)
+        return 2
+    if args.discover:  # say which addresses the name resolves to, as they come and go
+        logging.getLogger("stream.client").setLevel(logging.INFO)
     gaps = SeqGaps()
     try:
         for msg in iter_messages(args.endpoint, args.stream, count=args.count, until_eos=args.until_eos,
                                  timeout_s=args.timeout, curve_server=args.curve_server,
-                                 curve_secret=args.curve_secret, gaps=gaps):  # fmt: skip
+                                 curve_secret=args.curve_secret, gaps=gaps, discover=args.discover,
+                                 discover_interval_s=args.discover_interval):  # fmt: skip
             line = json.dumps(msg, separators=(",", ":")) if args.json else format_line(msg)
             print(line, flush=True)
     except TimeoutError as exc:
         print(f"stream subscribe: {exc}", file=sys.stderr)
         _report_gaps(gaps)
         return 1
+    except ValueError as exc:  # a --discover target that is not HOST:PORT, a --discover-interval of 0
+        print(f"stream subscribe: {exc}", file=sys.stderr)
+        return 2
     except StreamError as exc:
         print(f"stream subscribe: {exc}", file=sys.stderr)
         return 2

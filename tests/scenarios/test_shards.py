@@ -81,3 +81,50 @@ def test_two_shards_publish_every_frame_once(six_files: dict[str, Path], tmp_pat
         assert [m for m in by[sid] if m["type"] == "eos"] == [
             {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0}]  # fmt: skip
     assert len([m for m in by[extra] if m["type"] == "detections"]) == decoded_frames(six_files["lobby"])
+
+
+def test_one_subscriber_follows_both_shards_by_discovery(six_files: dict[str, Path], tmp_path: Path) -> None:
+    """`discover` with a resolver standing in for a headless Service's DNS: it names shard 0's address first,
+    then both (shard 1 became ready). Both daemons run on 127.0.0.1, so the addresses differ by port (what
+    getaddrinfo returns as (address, port) pairs); the subscriber connects to each as it appears. Meanwhile
+    `stream subscribe --discover 127.0.0.1:PORT` resolves through real getaddrinfo."""
+    from stream.client import iter_messages
+
+    cfg = tmp_path / "stream.toml"
+    sources = ", ".join(f'"{sid}={p}"' for sid, p in six_files.items())
+    cfg.write_text(f'sources = [{sources}]\ndevice = "cpu"\nprogress = "off"\n')
+    ports = [free_port(), free_port()]
+    answers: list[list[tuple[str, int]]] = []
+
+    def resolver(host: str, port: int) -> list[tuple[str, int]]:
+        assert (host, port) == ("stream.video.svc.cluster.local", 5556)
+        answer = [("127.0.0.1", ports[0])] if len(answers) < 3 else [("127.0.0.1", p) for p in ports]
+        answers.append(answer)
+        return answer
+
+    zero = start_shard(cfg, "0/2", f"tcp://127.0.0.1:{ports[0]}", "--wait-subscribers", "2")
+    one = start_shard(cfg, "1/2", f"tcp://127.0.0.1:{ports[1]}")
+    cli = subprocess.Popen(
+        [sys.executable, "-m", "stream", "subscribe", "--discover", f"127.0.0.1:{ports[0]}", "--discover-interval",
+         "0.5", "--count", "3", "--json", "--timeout", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        msgs = list(iter_messages([], until_eos=True, expect=len(IDS), timeout_s=60,
+                                  discover="stream.video.svc.cluster.local:5556", discover_interval_s=0.2,
+                                  resolver=resolver))  # fmt: skip
+        cli_out, cli_err = cli.communicate(timeout=60)
+        for proc in (zero, one):
+            proc.communicate(timeout=60)
+    finally:
+        for proc in (zero, one, cli):
+            proc.kill()
+    assert zero.returncode == 0 and one.returncode == 0
+    assert len(answers) > 3 and answers[-1] == [("127.0.0.1", p) for p in ports]
+    for sid in IDS:
+        n = decoded_frames(six_files[sid])
+        frames = [m["frame"] for m in msgs if m["stream"] == sid and m["type"] == "detections"]
+        assert frames == list(range(n)), f"{sid}: not every frame exactly once"
+    assert cli.returncode == 0, cli_err
+    assert len(cli_out.splitlines()) == 3 and f"connected to tcp://127.0.0.1:{ports[0]}" in cli_err
+    assert {json.loads(line)["stream"] for line in cli_out.splitlines()} <= set(split(IDS, Shard(0, 2)).kept)
