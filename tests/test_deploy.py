@@ -97,3 +97,94 @@ def test_dockerignore_keeps_what_the_build_copies() -> None:
     for needed in ("pyproject.toml", "README.md", "stream", "deploy"):
         assert needed not in ignored
     assert "!stream/models/*.onnx" in ignored  # the shipped model survives the **/*.onnx rule
+
+
+# -- deploy/k8s: every object validates offline; the StatefulSet agrees with the ConfigMap's stream.toml ---------
+K8S = ROOT / "deploy" / "k8s"
+
+
+def manifests() -> dict[str, dict]:  # type: ignore[type-arg]
+    yaml = pytest.importorskip("yaml")
+    out = {}
+    for path in sorted(K8S.glob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            out[doc["kind"]] = doc
+    return out
+
+
+@pytest.mark.parametrize("kind", ["ConfigMap", "StatefulSet", "Service", "PodMonitor"])
+def test_every_object_validates(kind: str) -> None:
+    kv = pytest.importorskip("kubernetes_validate")
+    obj = manifests()[kind]
+    if kind == "PodMonitor":  # a CRD: kubernetes-validate has no schema for it, so its required fields by hand
+        with pytest.raises(kv.SchemaNotFoundError):
+            kv.validate(obj, kv.latest_version(), strict=True)
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1" and obj["metadata"]["name"]
+        spec = obj["spec"]
+        assert set(spec) <= {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}
+        assert spec["selector"]["matchLabels"] and spec["podMetricsEndpoints"]
+        for ep in spec["podMetricsEndpoints"]:
+            assert set(ep) <= {"port", "path", "interval", "scrapeTimeout", "scheme"} and ep["path"].startswith("/")
+        return
+    kv.validate(obj, kv.latest_version(), strict=True)  # raises ValidationError naming the field
+    broken = json.loads(json.dumps(obj))
+    broken["spec" if "spec" in broken else "data"]["notAField"] = 1
+    with pytest.raises(kv.ValidationError):  # the validator does look (strict: unknown fields are errors)
+        kv.validate(broken, kv.latest_version(), strict=True)
+
+
+def stream_toml(tmp_path: Path) -> config.Config:
+    path = tmp_path / "stream.toml"
+    path.write_text(manifests()["ConfigMap"]["data"]["stream.toml"])
+    return config.load(path)
+
+
+def test_statefulset_agrees_with_the_configmap(tmp_path: Path) -> None:
+    from stream.core.shard import SHARDS_ENV
+
+    objs = manifests()
+    cfg = stream_toml(tmp_path)
+    sts, svc, cm = objs["StatefulSet"], objs["Service"], objs["ConfigMap"]
+    pod = sts["spec"]["template"]["spec"]
+    (box,) = pod["containers"]
+    ports = {p["name"]: p["containerPort"] for p in box["ports"]}
+    assert ports == {"publish": port_of(cfg.publish), "control": port_of(cfg.control), "http": cfg.metrics_port}
+    assert urlparse(cfg.publish).hostname == "0.0.0.0" and cfg.metrics_host == "0.0.0.0"
+    for probe in ("livenessProbe", "readinessProbe", "startupProbe"):
+        get = box[probe]["httpGet"]
+        assert get["path"] == "/healthz" and ports[get["port"]] == cfg.metrics_port, probe
+    # SIGTERM drains what is in flight, then queued messages may leave for linger_s (there is no shutdown-timeout
+    # key): the grace period leaves that and 20 s for the drain
+    assert pod["terminationGracePeriodSeconds"] >= cfg.linger_s + 20
+    # the config file the container reads is the ConfigMap's
+    args = box["args"]
+    cfg_path = Path(args[args.index("--config") + 1])
+    mounts = {m["name"]: m["mountPath"] for m in box["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    (cm_volume,) = [n for n, v in volumes.items() if v.get("configMap", {}).get("name") == cm["metadata"]["name"]]
+    assert Path(mounts[cm_volume]) / cfg_path.name == cfg_path and cfg_path.name in cm["data"]
+    # CURVE keys from Secrets, where the config looks for them
+    secret_dirs = [Path(mounts[n]) for n, v in volumes.items() if "secret" in v]
+    assert Path(cfg.curve_secret).parent in secret_dirs and Path(cfg.curve_clients) in secret_dirs
+    # one GPU per pod; the shard from the pod's name, N = replicas
+    assert box["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert args[args.index("--shard") + 1] == "auto" and cfg.shard == ""
+    env = {e["name"]: e["value"] for e in box["env"]}
+    assert int(env[SHARDS_ENV]) == sts["spec"]["replicas"]
+    # the headless Service: publish and HTTP, the StatefulSet's governing service, the pods' labels
+    assert svc["spec"]["clusterIP"] == "None" and sts["spec"]["serviceName"] == svc["metadata"]["name"]
+    assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"publish": ports["publish"], "http": ports["http"]}
+    assert all(p["targetPort"] in ports for p in svc["spec"]["ports"])
+    labels = sts["spec"]["template"]["metadata"]["labels"]
+    for selector in (svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"],
+                     objs["PodMonitor"]["spec"]["selector"]["matchLabels"]):  # fmt: skip
+        assert selector.items() <= labels.items()
+    assert [ep["port"] for ep in objs["PodMonitor"]["spec"]["podMetricsEndpoints"]] == ["http"]
+
+
+def test_the_images_and_the_cluster_use_the_same_ports(tmp_path: Path) -> None:
+    cluster = stream_toml(tmp_path)
+    image = config.load(ROOT / "deploy" / "docker" / "stream.toml")
+    for key in ("publish", "control"):
+        assert port_of(getattr(cluster, key)) == port_of(getattr(image, key)), key
+    assert cluster.metrics_port == image.metrics_port
