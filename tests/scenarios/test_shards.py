@@ -128,3 +128,57 @@ def test_one_subscriber_follows_both_shards_by_discovery(six_files: dict[str, Pa
     assert cli.returncode == 0, cli_err
     assert len(cli_out.splitlines()) == 3 and f"connected to tcp://127.0.0.1:{ports[0]}" in cli_err
     assert {json.loads(line)["stream"] for line in cli_out.splitlines()} <= set(split(IDS, Shard(0, 2)).kept)
+
+
+def test_sighup_keeps_the_shard(six_files: dict[str, Path], tmp_path: Path) -> None:
+    """SIGHUP reads the config again and starts, of the streams it adds, only this shard's."""
+    cfg = tmp_path / "stream.toml"
+
+    def write(prefix: str) -> list[str]:
+        ids = [f"{prefix}{sid}" for sid in IDS]
+        sources = ", ".join(f'"{prefix}{sid}={p}"' for sid, p in six_files.items())
+        cfg.write_text(f'sources = [{sources}]\ndevice = "cpu"\nprogress = "off"\n')
+        return ids
+
+    first = write("")
+    endpoint, control = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+    col = Collector(endpoint, expect_streams=99)
+    proc = start_shard(cfg, "0/2", endpoint, "--control", control)
+    mine = list(split(first, Shard(0, 2)).kept)
+
+    def ended(ids: list[str]) -> bool:
+        return {m["stream"] for m in col.messages if m["type"] == "eos"} >= set(ids)
+
+    try:
+        wait_for(lambda: ended(mine), 120)
+        second = write("new-")
+        now_mine = split(second, Shard(0, 2))
+        proc.send_signal(signal.SIGHUP)
+        wait_for(lambda: ended(list(now_mine.kept)), 120)
+        code, out, _ = ctl(control, "list")
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    reply = json.loads(out)
+    assert {s["id"] for s in reply["streams"]} == set(mine) | set(now_mine.kept)
+    assert reply["shard"]["skipped"] == list(now_mine.skipped)
+    assert {m["stream"] for m in col.messages} == set(mine) | set(now_mine.kept)
+
+
+def test_a_shard_with_several_workers_shares_out_its_own_streams(six_files: dict[str, Path], tmp_path: Path) -> None:
+    cfg = tmp_path / "stream.toml"
+    sources = ", ".join(f'"{sid}={p}"' for sid, p in six_files.items())
+    cfg.write_text(f'sources = [{sources}]\ndevice = "cpu"\nprogress = "off"\n')
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    mine = split(IDS, Shard(1, 2)).kept
+    col = Collector(endpoint, expect_streams=len(mine))
+    proc = start_shard(cfg, "1/2", endpoint, "--devices", "cpu,cpu")
+    try:
+        col.join(120)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert set(col.by_stream()) == set(mine)
+    assert "worker 0" in err and "worker 1" in err
