@@ -335,3 +335,21 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+
+
+def test_a_shard_says_which_it_is_and_what_it_skipped(browser: Any) -> None:
+    class ShardRunner(FakeRunner):
+        def shard_info(self) -> dict[str, Any]:
+            return {"shard": "1/2", "index": 1, "count": 2, "streams": 1, "skipped": ["door", "gate"]}
+
+    m = Metrics()
+    m.status_from(ShardRunner(["cam"]))
+    base = f"http://127.0.0.1:{m.start_http('127.0.0.1', 0)}"
+    try:
+        code, body, _ = get(base + "/status.json")
+        assert code == 200 and json.loads(body)["shard"]["skipped"] == ["door", "gate"]
+        browser.get(base + "/")
+        text = wait_for(lambda: (t := browser.find_element("id", "meta").text) and "streams" in t and t, 20, "meta")
+        assert text.startswith("shard 1/2 (left to the other shards: door, gate), 1 streams"), text
+    finally:
+        m.stop()
