@@ -27,7 +27,7 @@ unless `keep_seq=True`. `SeqGaps.add(msg)` also works on messages read from a so
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -37,13 +37,16 @@ from stream.sinks.curve import make_client
 
 __all__ = ["SeqGaps", "iter_messages", "subscribe"]
 
+# zmq.Socket for iter_messages, zmq.asyncio.Socket (awaitable recv and poll) for subscribe.
+_SocketT = TypeVar("_SocketT", bound=zmq.Socket)
+
 
 def _connect(
-    ctx: zmq.Context,
+    ctx: zmq.Context[_SocketT],
     endpoints: str | Sequence[str],
     streams: Sequence[str] | None,
     curve: tuple[str | None, str | None] = (None, None),
-) -> zmq.Socket:
+) -> _SocketT:
     sock = ctx.socket(zmq.SUB)
     make_client(sock, *curve)
     sock.setsockopt(zmq.RCVHWM, 0)  # the subscriber keeps everything it is sent

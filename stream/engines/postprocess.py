@@ -141,8 +141,8 @@ def anchors(spec: HeadSpec) -> np.ndarray:
         sy, sx = lv.stride
         shift_x = (np.arange(gw, dtype=np.int64) * sx).astype(np.float32)
         shift_y = (np.arange(gh, dtype=np.int64) * sy).astype(np.float32)
-        yy, xx = np.meshgrid(shift_y, shift_x, indexing="ij")
-        xx, yy = xx.reshape(-1), yy.reshape(-1)
+        grid_y, grid_x = np.meshgrid(shift_y, shift_x, indexing="ij")
+        xx, yy = grid_x.reshape(-1), grid_y.reshape(-1)
         shifts = np.stack([xx, yy, xx, yy], axis=1)
         out.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
     return np.concatenate(out).astype(np.float32)
