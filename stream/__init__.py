@@ -5,13 +5,16 @@
         ...
 """
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from stream.api import Pipeline
 
 __version__ = "0.1.0"
 __all__ = ["Pipeline", "__version__"]
 
 
-def __getattr__(name: str) -> Any:  # the API is imported on first use: `import stream` stays light
+def __getattr__(name: str) -> object:  # the API is imported on first use: `import stream` stays light
     if name == "Pipeline":
         from stream.api import Pipeline
 

@@ -27,15 +27,16 @@ from typing import Any
 from stream import config as config_mod
 from stream.core.build import build_run
 from stream.core.runner import Runner
+from stream.core.stats import StreamStats
 
 __all__ = ["Pipeline"]
 
-_END = object()
+_END = None  # queued after the last message
 
 
 class _QueueSink:
     def __init__(self, maxsize: int) -> None:
-        self.queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=maxsize)
+        self.queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=maxsize)
 
     async def send(self, msg: dict[str, Any]) -> None:
         await self.queue.put(msg)
@@ -53,7 +54,7 @@ class Pipeline:
         settings = {k: v for k, v in settings.items() if v is not None}
         self.config = config_mod.load(None, {"sources": list(sources), "progress": "off", **settings})
         self.max_pending = max_pending
-        self.stats: dict[str, Any] = {}
+        self.stats: dict[str, StreamStats] = {}
         self._runner: Runner | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -93,7 +94,7 @@ class Pipeline:
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         """Blocking iteration: the pipeline runs on an event loop in a background thread."""
-        out: queue.Queue[Any] = queue.Queue(maxsize=self.max_pending)
+        out: queue.Queue[dict[str, Any] | BaseException | None] = queue.Queue(maxsize=self.max_pending)
         stop = threading.Event()
 
         async def pump() -> None:
@@ -137,7 +138,7 @@ class Pipeline:
                 except queue.Empty:
                     pass
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> dict[str, StreamStats]:
         """Run to the end, discarding messages; returns the per-stream stats."""
         for _ in self:
             pass

@@ -38,7 +38,7 @@ import logging
 import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -53,13 +53,16 @@ log = logging.getLogger(__name__)
 # (host, port) -> the (address, port) pairs to connect to, as socket.getaddrinfo's socket addresses
 Resolver = Callable[[str, int], Sequence[tuple[str, int]]]
 
+# zmq.Socket for iter_messages, zmq.asyncio.Socket (awaitable recv and poll) for subscribe.
+_SocketT = TypeVar("_SocketT", bound=zmq.Socket)
+
 
 def _connect(
-    ctx: zmq.Context,
+    ctx: zmq.Context[_SocketT],
     endpoints: str | Sequence[str],
     streams: Sequence[str] | None,
     curve: tuple[str | None, str | None] = (None, None),
-) -> zmq.Socket:
+) -> _SocketT:
     sock = ctx.socket(zmq.SUB)
     make_client(sock, *curve)
     sock.setsockopt(zmq.RCVHWM, 0)  # the subscriber keeps everything it is sent
@@ -255,7 +258,7 @@ async def subscribe(
     """
     found = _discovery(discover, discover_interval_s, resolver)
     ctx = zmq.asyncio.Context()
-    sock = cast(zmq.asyncio.Socket, _connect(ctx, endpoints, streams, (curve_server, curve_secret)))
+    sock = _connect(ctx, endpoints, streams, (curve_server, curve_secret))
     feed = _Feed(streams, count, until_eos, expect, gaps, keep_seq)
     wait_ms = int(timeout_s * 1000) if timeout_s is not None else -1
     try:

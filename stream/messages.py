@@ -128,7 +128,7 @@ def status(stream: str, state: str, error: str | None = None, **extra: Any) -> d
     return {"v": VERSION, "type": "status", "stream": stream, "state": state, "error": error, **extra}
 
 
-def validate(msg: Any) -> dict[str, Any]:
+def validate(msg: object) -> dict[str, Any]:
     """Return msg if it is a valid version-1 message, else raise MessageError saying what is wrong."""
     if not isinstance(msg, dict):
         raise MessageError(f"a message is a JSON object; got {type(msg).__name__}")

@@ -49,11 +49,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
-from stream.core.frames import Batch, Engine, FrameResult
+from stream.core.frames import Batch, Engine, FrameMeta, FrameResult
 from stream.core.instrument import Instrument
 from stream.engines.model import ModelInfo
 
@@ -63,6 +63,12 @@ FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was 
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
+
+_Results = list[list[FrameResult]]  # a run's results: per part, per frame
+# A work queue item, (due, order, parts, future, loop); close() queues one with no parts per worker.
+_Work = tuple[float, int, list[Batch], asyncio.Future[_Results], asyncio.AbstractEventLoop]
+_Item = _Work | tuple[float, int, None, None, None]
+_T = TypeVar("_T")
 
 
 class RunTime:
@@ -103,13 +109,13 @@ class Batcher:
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = float("inf")  # unix time: flush then at the latest
         self._host_pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
-        self._copy_stream: Any = None
+        self._copy_stream: Any = None  # a cupy.cuda.Stream, made on first use
         self.merged = 0  # inference runs that carried frames of more than one batch
         self.coalesced = 0  # queued runs a worker ran together with the one it took (see _coalesce)
         self.run_time = RunTime()  # take to results: live frames that would be published stale are not run
         # (due, order, parts, future, loop): earliest deadline first (unix time): a live batch is due when its
         # oldest frame goes stale, a file batch FILE_DUE_S after it was queued
-        self._work_q: queue.PriorityQueue[tuple[float, int, Any, Any, Any]] = queue.PriorityQueue()
+        self._work_q: queue.PriorityQueue[_Item] = queue.PriorityQueue()
         self._order = itertools.count()
         self._workers = [
             threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True)
@@ -156,7 +162,7 @@ class Batcher:
 
     def _run(self, parts: list[Batch]) -> list[asyncio.Future[list[FrameResult]]]:
         loop = asyncio.get_running_loop()
-        whole: asyncio.Future[list[list[FrameResult]]] = loop.create_future()
+        whole: asyncio.Future[_Results] = loop.create_future()
         self._work_q.put((due_at(parts), next(self._order), parts, whole, loop))
         if len(parts) == 1:
             one: asyncio.Future[list[FrameResult]] = loop.create_future()
@@ -188,18 +194,18 @@ class Batcher:
                 res = self._work(parts)
             except BaseException as exc:  # handed to the streams whose batches these were
                 for _, _, _, fut, loop in group:
-                    _resolve(loop, fut, None, exc)
+                    _resolve(loop, fut, exc)
             else:
                 at = 0
                 for _, _, ps, fut, loop in group:
-                    _resolve(loop, fut, res[at : at + len(ps)], None)
+                    _resolve(loop, fut, res[at : at + len(ps)])
                     at += len(ps)
 
-    def _coalesce(self, first: tuple[float, int, Any, Any, Any]) -> list[tuple[float, int, Any, Any, Any]]:
+    def _coalesce(self, first: _Work) -> list[_Work]:
         """`first` and the queued runs that fit beside it in one batch, earliest deadline first (see the
         decision record: work that queued while every worker was busy is run together, not one by one)."""
         group, rows = [first], _fresh_rows(first[2], self.run_time)
-        held: list[tuple[float, int, Any, Any, Any]] = []
+        held: list[_Item] = []
         while rows < self.info.batch and len(held) < COALESCE_SCAN:
             try:
                 item = self._work_q.get_nowait()
@@ -265,7 +271,7 @@ class Batcher:
             return Batch(name, frames, buf, release=lambda: self._host_pool.put(buf), snap_rows=tuple(snaps))
         return self._stack_device(parts, frames, name, tuple(snaps))
 
-    def _stack_device(self, parts: list[tuple[Batch, int]], frames: list[Any], name: str, snaps: tuple[int, ...]) -> Batch:
+    def _stack_device(self, parts: list[tuple[Batch, int]], frames: list[FrameMeta], name: str, snaps: tuple[int, ...]) -> Batch:
         import cupy as cp
 
         if self._copy_stream is None:
@@ -325,14 +331,14 @@ def _stale_prefix(b: Batch, run_time: RunTime | None = None) -> int:
     return n
 
 
-def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], res: Any, exc: BaseException | None) -> None:
+def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[_Results], outcome: _Results | BaseException) -> None:
     def done() -> None:
         if fut.done():
             return
-        if exc is not None:
-            fut.set_exception(exc)
+        if isinstance(outcome, BaseException):
+            fut.set_exception(outcome)
         else:
-            fut.set_result(res)
+            fut.set_result(outcome)
 
     try:
         loop.call_soon_threadsafe(done)
@@ -340,26 +346,26 @@ def _resolve(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], res: Any
         pass
 
 
-def _settle(outs: list[asyncio.Future[list[FrameResult]]], f: asyncio.Future[list[list[FrameResult]]]) -> None:
+def _settle(outs: list[asyncio.Future[list[FrameResult]]], f: asyncio.Future[_Results]) -> None:
     for i, o in enumerate(outs):
         if o.done():
             continue
         if f.cancelled():
             o.cancel()
-        elif f.exception() is not None:
-            o.set_exception(f.exception())  # type: ignore[arg-type]
+        elif (exc := f.exception()) is not None:
+            o.set_exception(exc)
         else:
             o.set_result(f.result()[i])
 
 
-def _chain(src: asyncio.Future[Any], dst: asyncio.Future[Any]) -> None:
-    def copy(f: asyncio.Future[Any]) -> None:
+def _chain(src: asyncio.Future[_T], dst: asyncio.Future[_T]) -> None:
+    def copy(f: asyncio.Future[_T]) -> None:
         if dst.done():
             return
         if f.cancelled():
             dst.cancel()
-        elif f.exception() is not None:
-            dst.set_exception(f.exception())  # type: ignore[arg-type]
+        elif (exc := f.exception()) is not None:
+            dst.set_exception(exc)
         else:
             dst.set_result(f.result())
 

@@ -13,6 +13,12 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# numpy on the host, CuPy on the device: the same code runs on either (`xp` is the module). CuPy ships no type
+# information, so these are Any, named for what they hold.
+Array = Any  # a numpy or CuPy array
+ArrayModule = Any  # numpy or cupy
+CudaEvent = Any  # a cupy.cuda.Event
+
 
 @dataclass(frozen=True)
 class FrameMeta:
@@ -27,8 +33,8 @@ class FrameMeta:
 class Batch:
     stream: str
     frames: list[FrameMeta]  # the valid rows of data, in order; rows past len(frames) are padding
-    data: Any  # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device)
-    ready: Any = None  # CUDA event recorded once data is written (device batches only)
+    data: Array  # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device)
+    ready: CudaEvent | None = None  # recorded once data is written (device batches only)
     release: Callable[[], None] | None = None  # hands data's buffer back to its pool after inference
     snap_rows: tuple[int, ...] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
     max_age_s: float | None = None  # live feeds: frames older than this when inference starts are dropped
@@ -46,7 +52,7 @@ class FrameResult:
     boxes: np.ndarray  # [n, 4] float32, x1 y1 x2 y2 in source pixels
     scores: np.ndarray  # [n] float32
     labels: np.ndarray  # [n] int64
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, np.ndarray] = field(default_factory=dict)  # "input": the model-input row (Batch.snap_rows)
 
     def __len__(self) -> int:
         return int(self.scores.shape[0])
@@ -80,7 +86,7 @@ class Sink(Protocol):
     async def send(self, msg: dict[str, Any]) -> None: ...
 
 
-def snapshot_rows(batch: Batch, data: Any) -> dict[int, np.ndarray]:
+def snapshot_rows(batch: Batch, data: Array) -> dict[int, np.ndarray]:
     """Host copies of the rows asked for in `batch.snap_rows` (a few per second at most: the status page)."""
     out = {}
     for r in batch.snap_rows:
@@ -113,15 +119,15 @@ def split_results(
 
 
 def pack_detections(
-    xp: Any,
-    boxes: Any,
-    scores: Any,
-    labels: Any,
-    batch_index: Any | None,
-    sizes_wh: Any,
+    xp: ArrayModule,
+    boxes: Array,
+    scores: Array,
+    labels: Array,
+    batch_index: Array | None,
+    sizes_wh: Array,
     model_wh: tuple[int, int],
     valid: int,
-) -> Any:
+) -> Array:
     """Map boxes from model-input pixels to each frame's source pixels and pack [N, 7] float32 rows.
 
     Works on numpy or cupy arrays (`xp`): on the GPU path this runs on the device, so only the final
@@ -137,7 +143,9 @@ def pack_detections(
     return map_rows(xp, boxes[keep], scores[keep], labels[keep], bi[keep], sizes_wh, model_wh)
 
 
-def map_rows(xp: Any, boxes: Any, scores: Any, labels: Any, bi: Any, sizes_wh: Any, model_wh: tuple[int, int]) -> Any:
+def map_rows(
+    xp: ArrayModule, boxes: Array, scores: Array, labels: Array, bi: Array, sizes_wh: Array, model_wh: tuple[int, int]
+) -> Array:
     """pack_detections' rows for detections already chosen: boxes from model-input pixels to the source pixels of
     their image (`bi`, float32), clipped to it; [N, 7] float32. stream.engines.postprocess_cuda's pack kernel does the same
     arithmetic in one launch."""

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 ProgressFn = Callable[[str, int, int | None], None]  # (stream id, frames published, frames expected or None)
 
 
@@ -29,7 +31,7 @@ class StreamStats:
     recent: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=64))  # (time, frames) for fps
     watched_until: float = 0.0  # the status page asked for this stream's frames until then (monotonic)
     snap_at: float = 0.0  # when the last snapshot was asked for
-    snapshot: tuple[Any, dict[str, Any]] | None = None  # (model-input row on the host, its message)
+    snapshot: tuple[np.ndarray, dict[str, Any]] | None = None  # (model-input row on the host, its message)
 
     @property
     def fps(self) -> float:

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from stream.core.shard import ShardView
 from stream.core.stats import StreamStats
 from stream.engines.model import ModelInfo
@@ -53,7 +55,7 @@ class RunStatus:
         """Every stream, for `stream ctl list`: fps over the whole run."""
         return [{**_common(st), "fps": round(st.fps, 2), "error": st.error} for st in list(self.stats.values())]
 
-    def latest_frame(self, stream_id: str) -> tuple[Any, list[dict[str, Any]], tuple[int, int]] | None:
+    def latest_frame(self, stream_id: str) -> tuple[np.ndarray, list[dict[str, Any]], tuple[int, int]] | None:
         """The stream's latest snapshot: (RGB uint8 image at the model's size, its detections, source size).
 
         Asking marks the stream as watched: its frames are snapshotted (a few per second) for WATCH_S more

@@ -23,7 +23,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Protocol, TypeGuard
 
 from stream import messages
 from stream.core.batcher import Batcher
@@ -39,6 +39,18 @@ SNAPSHOT_EVERY_S = 0.25  # the status page's latest frame: at most this often, a
 
 _Inflight = asyncio.Queue[tuple[Batch, asyncio.Future[list[FrameResult]], float] | BaseException | None]
 _States = asyncio.Queue[tuple[str, str | None] | None]
+
+
+class _LiveSource(BatchSource, Protocol):
+    """A live feed's batch source (stream.sources.live): the callbacks a run sets before iterating it."""
+
+    on_state: Callable[[str, str | None], None] | None
+    on_drop: Callable[[str, int], None] | None
+    on_reconnect: Callable[[], None] | None
+
+
+def _has_callbacks(bsrc: BatchSource) -> TypeGuard[_LiveSource]:
+    return hasattr(bsrc, "on_state")
 
 
 class StreamTask:
@@ -94,7 +106,7 @@ class StreamTask:
         try:
             bsrc = await loop.run_in_executor(self._io, self.open_source, src)
             st.expected = bsrc.frames_expected
-            if src.live and hasattr(bsrc, "on_state"):
+            if src.live and _has_callbacks(bsrc):
                 states = self._hook_live(bsrc)
                 watcher = asyncio.create_task(self._watch_live(bsrc, states), name=f"live-{src.id}")
             else:
@@ -207,7 +219,7 @@ class StreamTask:
             self.progress(st.id, st.frames, st.expected)
 
     # -- live sources ---------------------------------------------------------------------------------------------
-    def _hook_live(self, bsrc: Any) -> _States:
+    def _hook_live(self, bsrc: _LiveSource) -> _States:
         """Wire a live source's callbacks (before it is iterated): states into a queue on the loop, counts."""
         loop = asyncio.get_running_loop()
         states: _States = asyncio.Queue()
@@ -235,7 +247,7 @@ class StreamTask:
         bsrc.on_reconnect = on_reconnect
         return states
 
-    async def _watch_live(self, bsrc: Any, states: _States) -> None:
+    async def _watch_live(self, bsrc: _LiveSource, states: _States) -> None:
         """Publish a live source's state changes as `status` messages; close the source when stopped."""
 
         async def stopped() -> None:
@@ -267,7 +279,7 @@ class StreamTask:
             await _cancel(closer)
 
 
-async def _cancel(task: asyncio.Task[Any] | None) -> None:
+async def _cancel(task: asyncio.Task[object] | None) -> None:
     if task is not None and not task.done():
         task.cancel()
         await asyncio.gather(task, return_exceptions=True)

@@ -20,13 +20,16 @@ from stream.daemon.loop import run_loop
 from stream.errors import StreamError
 
 if TYPE_CHECKING:
+    from stream.client import SeqGaps
     from stream.config import Key
+
+    _SubParsers = argparse._SubParsersAction[argparse.ArgumentParser]  # what add_subparsers() returns
 
 log = logging.getLogger("stream")
 
 
 # -- run ------------------------------------------------------------------------------------------------------
-def _add_run(sub: Any) -> None:
+def _add_run(sub: _SubParsers) -> None:
     """`stream run`: --config, and a flag per key that has one in its description (stream/config.py)."""
     from stream.config import KEYS
 
@@ -118,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 # -- subscribe ------------------------------------------------------------------------------------------------
-def _add_subscribe(sub: Any) -> None:
+def _add_subscribe(sub: _SubParsers) -> None:
     p = sub.add_parser("subscribe", help="print the messages a running `stream run` publishes")
     p.add_argument("endpoint", nargs="*", help="one or more endpoints, e.g. tcp://127.0.0.1:5556")
     p.add_argument("--discover", metavar="HOST:PORT",
@@ -191,13 +194,13 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
     return 0
 
 
-def _report_gaps(gaps: Any) -> None:
+def _report_gaps(gaps: SeqGaps) -> None:
     if gaps.received:
         print(f"stream subscribe: {gaps.summary()}", file=sys.stderr, flush=True)
 
 
 # -- ctl ------------------------------------------------------------------------------------------------------
-def _add_ctl(sub: Any) -> None:
+def _add_ctl(sub: _SubParsers) -> None:
     p = sub.add_parser("ctl", help="add, remove or list the streams of a daemon started with --control")
     p.add_argument("--control", default="tcp://127.0.0.1:5557", metavar="ENDPOINT", help="the daemon's control endpoint")
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
@@ -233,7 +236,7 @@ def cmd_ctl(args: argparse.Namespace) -> int:
 
 
 # -- keys -----------------------------------------------------------------------------------------------------
-def _add_keys(sub: Any) -> None:
+def _add_keys(sub: _SubParsers) -> None:
     p = sub.add_parser("keys", help="CURVE key pairs for the publish and control endpoints")
     verbs = p.add_subparsers(dest="verb", required=True)
     g = verbs.add_parser("generate", help="write DIR/NAME.key (public) and DIR/NAME.key_secret")
@@ -252,7 +255,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 # -- annotate -------------------------------------------------------------------------------------------------
-def _add_annotate(sub: Any) -> None:
+def _add_annotate(sub: _SubParsers) -> None:
     p = sub.add_parser("annotate", help="write a video file again with its detections drawn (H.264 MP4)")
     p.add_argument("--source", required=True, metavar="VIDEO", help="the video file to annotate")
     p.add_argument("--output", required=True, metavar="OUT.mp4", help="the annotated video to write (H.264, MP4)")
@@ -284,7 +287,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
     setup_logging(args.log_level)
 
-    def fail(message: Any, code: int) -> int:
+    def fail(message: object, code: int) -> int:
         print(f"stream annotate: {message}", file=sys.stderr, flush=True)
         return code
 
@@ -342,7 +345,7 @@ def cmd_annotate(args: argparse.Namespace) -> int:
 
 
 # -- export-model and sample ----------------------------------------------------------------------------------
-def _add_export(sub: Any) -> None:
+def _add_export(sub: _SubParsers) -> None:
     p = sub.add_parser("export-model", help="export torchvision's RetinaNet to ONNX (needs the 'export' extra)")
     from stream.tools.export import add_arguments
 
@@ -357,7 +360,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     return run(args)
 
 
-def _add_sample(sub: Any) -> None:
+def _add_sample(sub: _SubParsers) -> None:
     p = sub.add_parser("sample", help="write the sample video that plain `stream run` uses")
     p.add_argument("--output", default="sample.mp4")
     p.add_argument("--size", nargs=2, type=int, metavar=("W", "H"), default=(640, 360))

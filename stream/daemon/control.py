@@ -27,6 +27,8 @@ from stream.sinks.curve import ServerKeys, make_client, make_server, start_authe
 from stream.sources.naming import Source, expand, redact, scheme_of
 
 if TYPE_CHECKING:
+    from zmq.auth.asyncio import AsyncioAuthenticator
+
     from stream.core.runner import Runner
 
 log = logging.getLogger(__name__)
@@ -34,7 +36,7 @@ log = logging.getLogger(__name__)
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5557"
 
 
-def handle(runner: Runner, req: Any) -> dict[str, Any]:
+def handle(runner: Runner, req: object) -> dict[str, Any]:
     """One request against a running Runner (pure apart from the runner's own add/remove)."""
     if not isinstance(req, dict) or not isinstance(req.get("cmd"), str):
         return {"ok": False, "error": 'a request is a JSON object with "cmd": list, add or remove'}
@@ -96,7 +98,7 @@ class ControlServer:
         self.endpoint = endpoint
         self.runner = runner
         self.keys = keys
-        self._auth: Any = None
+        self._auth: AsyncioAuthenticator | None = None
         self._ctx: zmq.asyncio.Context | None = None
         self._sock: zmq.asyncio.Socket | None = None
         self._task: asyncio.Task[None] | None = None

@@ -20,8 +20,9 @@ import threading
 import urllib.parse
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
+import numpy as np
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -34,6 +35,14 @@ log = logging.getLogger(__name__)
 ROUTES = "/ (status page), /status.json, /frame/<stream id>.jpg, /metrics, /healthz"
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+
+
+class StatusSource(Protocol):
+    """What the status page reads: stream.core.status.RunStatus, or a fake in tests."""
+
+    def status_rows(self) -> list[dict[str, Any]]: ...
+
+    def latest_frame(self, stream_id: str) -> tuple[np.ndarray, list[dict[str, Any]], tuple[int, int]] | None: ...
 
 
 class Metrics(Instrument):
@@ -56,7 +65,7 @@ class Metrics(Instrument):
         self.gpu_memory = Gauge("stream_gpu_memory_bytes", "GPU memory in use on the device", registry=r)
         self.up = Gauge("stream_up", "1 while the stream is running", ["stream"], registry=r)
         self._health: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})
-        self._status: Any = None  # has status_rows() and latest_frame(id), as Runner does
+        self._status: StatusSource | None = None
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -89,8 +98,8 @@ class Metrics(Instrument):
         """Set the function /healthz calls: (ok, details)."""
         self._health = check
 
-    def status_from(self, source: Any) -> None:
-        """Set what the status page reads: an object with status_rows() and latest_frame(stream_id) (a Runner)."""
+    def status_from(self, source: StatusSource) -> None:
+        """Set what the status page reads: status_rows() and latest_frame(stream_id) (a run's RunStatus)."""
         self._status = source
 
     def _status_rows(self) -> list[dict[str, Any]]:
@@ -102,7 +111,7 @@ class Metrics(Instrument):
 
     def _frame(self, stream_id: str) -> tuple[int, bytes, str]:
         """(code, body, content type) for GET /frame/<stream_id>.jpg."""
-        if stream_id not in {row["id"] for row in self._status_rows()}:
+        if self._status is None or stream_id not in {row["id"] for row in self._status_rows()}:
             return 404, f"no stream {stream_id!r}; routes: {ROUTES}\n".encode(), "text/plain; charset=utf-8"
         snap = self._status.latest_frame(stream_id)
         if snap is None:

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.console import Console, JustifyMethod
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from stream.core.stats import StreamStats
@@ -18,7 +17,7 @@ class ProgressBars:
     def __init__(self, enabled: bool) -> None:
         self.enabled = enabled
         self._progress: Progress | None = None
-        self._tasks: dict[str, Any] = {}
+        self._tasks: dict[str, TaskID] = {}
 
     def __enter__(self) -> ProgressBars:
         if self.enabled:
@@ -34,7 +33,7 @@ class ProgressBars:
             self._progress.start()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._progress is not None:
             self._progress.stop()
 
@@ -54,9 +53,10 @@ def progress_enabled(setting: str) -> bool:
 
 def summary_table(stats: dict[str, StreamStats], device: str) -> Table:
     table = Table(title=f"stream run ({device})", title_justify="left")
-    for col, just in (("stream", "left"), ("state", "left"), ("frames", "right"), ("fps", "right"),
-                      ("detections", "right"), ("error", "left")):
-        table.add_column(col, justify=just)  # type: ignore[arg-type]
+    columns: tuple[tuple[str, JustifyMethod], ...] = (("stream", "left"), ("state", "left"), ("frames", "right"),
+                                                      ("fps", "right"), ("detections", "right"), ("error", "left"))
+    for col, just in columns:
+        table.add_column(col, justify=just)
     for st in stats.values():
         table.add_row(
             st.id, st.state, str(st.frames), f"{st.fps:.1f}", str(st.detections), (st.error or "")[:120]

@@ -42,7 +42,7 @@ def draw(image: np.ndarray, detections: list[dict[str, Any]], source_size: tuple
     side = max(image.shape[0], image.shape[1])
     k = side / max(src_w, src_h)
     out_w, out_h = max(1, round(src_w * k)), max(1, round(src_h * k))
-    rgb = np.ascontiguousarray(image, dtype=np.uint8)
+    rgb: np.ndarray = np.ascontiguousarray(image, dtype=np.uint8)  # cv2's stubs give resize any numeric dtype
     if rgb.shape[:2] != (out_h, out_w):
         rgb = cv2.resize(rgb, (out_w, out_h), interpolation=cv2.INTER_AREA)
     else:

@@ -41,13 +41,14 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from stream import messages
 from stream.config import Config, worker_settings
 from stream.core.build import build_run, resolve
-from stream.core.frames import BatchSource, Sink
+from stream.core.frames import Batch, BatchSource, Sink
 from stream.core.lifecycle import capture_signals, stop_after
 from stream.core.stats import ProgressFn, RunResult, StreamStats
 from stream.daemon.logs import setup_logging
@@ -56,12 +57,23 @@ from stream.daemon.malloc import set_mmap_threshold
 from stream.errors import StreamError
 from stream.sources.naming import Source, redact
 
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+    from stream.sinks.proxy import Proxy
+    from stream.sinks.publish import Publisher
+
 log = logging.getLogger(__name__)
 
 POLL_S = 0.05  # how often the supervisor looks at its workers
 SETTLE_S = 0.3  # a dead worker's streams move once nothing of theirs has passed the proxy for this long
 DISCONNECT_WAIT_S = 3.0  # the longest wait for the proxy's monitor to see a dead worker's connection close
 BARRIER_S = 10.0  # the longest wait for a message of the supervisor's own to come out of the proxy
+
+# What goes over a worker's pipe: commands down to it, reports up from it.
+Command = tuple[Literal["stop"]] | tuple[Literal["add"], Source, dict[str, int]]  # {"skip", "offset", "seq"}
+Report = tuple[Literal["ready"], str, int] | tuple[Literal["error"], str]  # (ready, device label, pid)
 
 
 # -- the worker process -----------------------------------------------------------------------------------
@@ -76,7 +88,7 @@ class SkipFrames:
         self.frames_expected = inner.frames_expected
         self._dropped = dropped
 
-    def __iter__(self) -> Any:
+    def __iter__(self) -> Iterator[Batch]:
         for batch in self.inner:
             if batch.frames and batch.frames[-1].index < self.skip:
                 self._dropped[self.stream] = self._dropped.get(self.stream, 0) + len(batch.frames)
@@ -93,7 +105,7 @@ class ResumeSink:
     again, and `offset` is added to the frame numbers of a stream that goes on counting (live, looped). The
     `frames` of eos and status count the frames SkipFrames dropped too (the Runner never saw them)."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Sink) -> None:
         self.inner = inner
         self.skip: dict[str, int] = {}
         self.offset: dict[str, int] = {}
@@ -115,7 +127,7 @@ class ResumeSink:
         await self.inner.send(msg)
 
 
-def worker_main(index: int, cfg: Config, sources: list[Source], conn: Any) -> None:
+def worker_main(index: int, cfg: Config, sources: list[Source], conn: Connection[Report, Command]) -> None:
     """A worker process: the ordinary Runner over its streams, on its own device and internal endpoint."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the supervisor decides
     setup_logging(cfg.log_level, cfg.log_format, worker=index)
@@ -139,7 +151,7 @@ def worker_main(index: int, cfg: Config, sources: list[Source], conn: Any) -> No
 _send_lock = threading.Lock()
 
 
-def _send(conn: Any, item: Any) -> None:
+def _send(conn: Connection[Report, Command], item: Report) -> None:
     with _send_lock:
         try:
             conn.send(item)
@@ -147,7 +159,7 @@ def _send(conn: Any, item: Any) -> None:
             pass
 
 
-async def _worker(index: int, cfg: Config, sources: list[Source], conn: Any) -> None:
+async def _worker(index: int, cfg: Config, sources: list[Source], conn: Connection[Report, Command]) -> None:
     loop = asyncio.get_running_loop()
     resumes: list[ResumeSink] = []  # the one made by wrap_sink, read by wrap_source and the commands
 
@@ -166,7 +178,7 @@ async def _worker(index: int, cfg: Config, sources: list[Source], conn: Any) -> 
     run = await build_run(cfg, sources=list(sources), wrap_sink=wrap_sink, wrap_source=wrap_source, keep_running=True)
     runner, publisher, resume = run.runner, run.publisher, resumes[0]
     assert publisher is not None
-    commands: asyncio.Queue[Any] = asyncio.Queue()
+    commands: asyncio.Queue[Command] = asyncio.Queue()
 
     def read_commands() -> None:  # a thread: the supervisor's commands onto the loop; its end gone: stop
         while True:
@@ -229,8 +241,8 @@ class Worker:
     index: int
     slot: int | str  # a CUDA index or "cpu"
     endpoint: str
-    proc: Any = None
-    conn: Any = None
+    proc: BaseProcess | None = None
+    conn: Connection[Command, Report] | None = None
     label: str = ""
     pid: int | None = None
     ready: bool = False
@@ -241,6 +253,11 @@ class Worker:
     @property
     def alive(self) -> bool:
         return self.proc is not None and self.proc.exitcode is None and not self.dead
+
+    @property
+    def exitcode(self) -> int | None:
+        """The process's exit status: None while it runs (or before it is spawned)."""
+        return self.proc.exitcode if self.proc is not None else None
 
 
 @dataclass
@@ -299,8 +316,8 @@ class Supervisor:
         self.progress = progress
         self.workers: list[Worker] = []
         self.tracks: dict[str, Track] = {}
-        self.proxy: Any = None
-        self.own: Any = None  # the supervisor's own Publisher (status "moved", eos of a dead worker's streams)
+        self.proxy: Proxy | None = None
+        self.own: Publisher | None = None  # its own messages (status "moved", eos of a dead worker's streams)
         self.stopping = False
         self._tmp: str | None = None
         self._events: asyncio.Queue[None] = asyncio.Queue()
@@ -364,6 +381,7 @@ class Supervisor:
 
     async def _publish_own(self, msg: dict[str, Any]) -> None:
         """Send a message of the supervisor's own, in the stream's seq order, and wait until it is out."""
+        assert self.own is not None
         t = self.tracks[msg["stream"]]
         seq = t.last_seq + 1
         self.own.seq[t.src.id] = seq
@@ -397,7 +415,9 @@ class Supervisor:
         except (EOFError, OSError):
             pass
 
-    def _tell(self, w: Worker, item: Any) -> None:
+    def _tell(self, w: Worker, item: Command) -> None:
+        if w.conn is None:
+            return
         try:
             w.conn.send(item)
         except (OSError, ValueError, BrokenPipeError):
@@ -415,6 +435,7 @@ class Supervisor:
 
     async def _settle(self, w: Worker) -> None:
         """Until what the dead worker got out has passed the proxy: its connection closed, then quiet."""
+        assert self.proxy is not None
         deadline = time.monotonic() + DISCONNECT_WAIT_S
         while time.monotonic() < deadline:
             self.proxy.poll_disconnects()
@@ -433,8 +454,8 @@ class Supervisor:
 
     async def _on_death(self, w: Worker) -> None:
         w.dead = True
-        why = _exit_reason(w.proc.exitcode)
-        if w.stopping and w.proc.exitcode == 0:
+        why = _exit_reason(w.exitcode)
+        if w.stopping and w.exitcode == 0:
             why = "ended"
         else:
             log.error("worker %d (%s, pid %s) %s", w.index, w.label or w.slot, w.pid, why)
@@ -532,9 +553,9 @@ class Supervisor:
         while not all(w.ready for w in self.workers):
             for w in self.workers:
                 self._messages_from(w)
-                if not w.ready and w.proc.exitcode is not None:
+                if not w.ready and w.exitcode is not None:
                     self._messages_from(w)
-                    why = w.error or f"it {_exit_reason(w.proc.exitcode)} before it was ready"
+                    why = w.error or f"it {_exit_reason(w.exitcode)} before it was ready"
                     raise StreamError(f"worker {w.index} (devices entry {w.slot!r}) could not start: {why}")
             await asyncio.sleep(POLL_S)
 
@@ -542,6 +563,7 @@ class Supervisor:
         want, limit = self.cfg.wait_subscribers, self.cfg.wait_subscribers_timeout_s
         if want <= 0:
             return
+        assert self.proxy is not None
         log.info("waiting for %d subscriber(s) on %s", want, self.proxy.endpoint)
         deadline = time.monotonic() + limit if limit > 0 else None
         while self.proxy.count_subscriptions() < want:
@@ -551,14 +573,14 @@ class Supervisor:
                     f"{self.proxy.endpoint}"
                 )
             for w in self.workers:
-                if w.proc.exitcode is not None:
-                    raise StreamError(f"worker {w.index} ({w.label}) {_exit_reason(w.proc.exitcode)} before the run began")
+                if w.exitcode is not None:
+                    raise StreamError(f"worker {w.index} ({w.label}) {_exit_reason(w.exitcode)} before the run began")
             await asyncio.sleep(POLL_S)
 
     async def _supervise(self) -> None:
         while True:
             for w in self.workers:
-                if not w.dead and w.proc.exitcode is not None:
+                if not w.dead and w.exitcode is not None:
                     self._messages_from(w)
                     await self._on_death(w)
             if not self.stopping and all(t.ended for t in self.tracks.values()):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -16,10 +17,13 @@ from stream.errors import InferenceError, ModelError, first_line
 from stream.core.frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
 from stream.engines.model import ModelInfo
 
+if TYPE_CHECKING:
+    import onnxruntime as ort
+
 log = logging.getLogger(__name__)
 
 
-def session_options(threads: int | None = None):  # -> ort.SessionOptions
+def session_options(threads: int | None = None) -> ort.SessionOptions:
     """Session options for both engines.
 
     Memory: ORT's CPU arena stays on (buffers are reused between runs; the CPU soak test runs 20,000 frames and
@@ -80,4 +84,4 @@ class CpuEngine:
         return split_results(batch.frames, packed, snaps)
 
     def close(self) -> None:
-        self.session = None  # type: ignore[assignment]
+        self.session = None

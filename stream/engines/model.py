@@ -27,10 +27,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from stream.errors import ModelError
 from stream.engines.postprocess import HeadSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 METADATA_PREFIX = "stream."
 _DTYPES = {"tensor(float)": "float32", "tensor(float16)": "float16"}
@@ -63,7 +66,7 @@ class ModelInfo:
     def postprocess(self) -> str:
         return "device" if self.head is not None else "graph"
 
-    def to_image(self, row: Any) -> Any:
+    def to_image(self, row: np.ndarray) -> np.ndarray:
         """One model-input row ([3, H, W], normalised) back to the RGB uint8 image [H, W, 3] it was made from:
         undoes ((pixel * scale) - mean) / std (the status page shows what the model saw)."""
         import numpy as np

@@ -34,12 +34,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 import numpy as np
 
 from stream.errors import ModelError
-from stream.core.frames import map_rows
+from stream.core.frames import Array, ArrayModule, map_rows
 
 
 @dataclass(frozen=True)
@@ -141,8 +141,8 @@ def anchors(spec: HeadSpec) -> np.ndarray:
         sy, sx = lv.stride
         shift_x = (np.arange(gw, dtype=np.int64) * sx).astype(np.float32)
         shift_y = (np.arange(gh, dtype=np.int64) * sy).astype(np.float32)
-        yy, xx = np.meshgrid(shift_y, shift_x, indexing="ij")
-        xx, yy = xx.reshape(-1), yy.reshape(-1)
+        grid_y, grid_x = np.meshgrid(shift_y, shift_x, indexing="ij")
+        xx, yy = grid_x.reshape(-1), grid_y.reshape(-1)
         shifts = np.stack([xx, yy, xx, yy], axis=1)
         out.append((shifts[:, None, :] + base[None, :, :]).reshape(-1, 4))
     return np.concatenate(out).astype(np.float32)
@@ -206,7 +206,7 @@ def _logit(p: float) -> float:
     return math.log(p / (1 - p))
 
 
-def _sigmoid(xp: Any, x: Any) -> Any:
+def _sigmoid(xp: ArrayModule, x: Array) -> Array:
     one = xp.float32(1)
     return one / (one + xp.exp(-x))
 
@@ -218,11 +218,25 @@ class Rows:
     topk_candidates), not by how many survive each step, so that no step after the score selection needs the
     host to count (on CUDA each such step, a boolean index or a flatnonzero, is a wait for the stream)."""
 
-    boxes: Any  # [K, 4] float32, model-input pixels
-    scores: Any  # [K] float32
-    labels: Any  # [K] int64
-    image: Any  # [K] int64
-    final: Any  # [K] bool
+    boxes: Array  # [K, 4] float32, model-input pixels
+    scores: Array  # [K] float32
+    labels: Array  # [K] int64
+    image: Array  # [K] int64
+    final: Array  # [K] bool
+
+
+class Ops(Protocol):
+    """The steps that differ per device: NumpyOps, or stream.engines.postprocess_cuda.CupyOps."""
+
+    xp: ArrayModule
+
+    def select(self, flat: Array, thresh: float) -> tuple[Array, Array]: ...
+
+    def decode(self, reg: Array, image: Array, anchor: Array, anchors: Array, spec: HeadSpec) -> Array: ...
+
+    def nms(self, boxes: Array, gkey: Array, none: int, thresh: float) -> Array: ...
+
+    def pack(self, rows: Rows, sizes_wh: Array, model_wh: tuple[int, int], limit: int) -> Array: ...
 
 
 class Postprocessor:
@@ -234,7 +248,7 @@ class Postprocessor:
     the number of scores over the threshold and for the download.
     """
 
-    def __init__(self, spec: HeadSpec, ops: Any = None) -> None:
+    def __init__(self, spec: HeadSpec, ops: Ops | None = None) -> None:
         self.spec = spec
         self.ops = ops or NumpyOps()
         xp = self.ops.xp
@@ -243,7 +257,7 @@ class Postprocessor:
         self.level_ends = xp.asarray(np.cumsum(spec.level_sizes()), dtype=xp.int64)
         self.num_levels = len(spec.levels)
 
-    def __call__(self, cls_logits: Any, bbox_regression: Any, valid: int) -> tuple[Any, Any, Any, Any]:
+    def __call__(self, cls_logits: Array, bbox_regression: Array, valid: int) -> tuple[Array, Array, Array, Array]:
         xp = self.xp
         r = self.rows(cls_logits, bbox_regression, valid)
         if r is None:
@@ -251,7 +265,7 @@ class Postprocessor:
         f = xp.flatnonzero(r.final)
         return r.boxes[f], r.scores[f], r.labels[f], r.image[f]
 
-    def packed(self, cls_logits: Any, bbox_regression: Any, valid: int, sizes_wh: Any, model_wh: tuple[int, int]) -> Any:
+    def packed(self, cls_logits: Array, bbox_regression: Array, valid: int, sizes_wh: Array, model_wh: tuple[int, int]) -> Array:
         """[1 + N, 7] float32: row 0 holds N (column 0), rows 1..N the detections mapped to source pixels as
         frames.pack_detections maps them (x1 y1 x2 y2 score label batch_index). On CUDA rows past N may be
         left unwritten: read the count first (frames.unpack_counted)."""
@@ -260,7 +274,7 @@ class Postprocessor:
             return self.xp.zeros((1, 7), self.xp.float32)
         return self.ops.pack(r, sizes_wh, model_wh, valid * self.spec.detections_per_img)
 
-    def rows(self, cls_logits: Any, bbox_regression: Any, valid: int) -> Rows | None:
+    def rows(self, cls_logits: Array, bbox_regression: Array, valid: int) -> Rows | None:
         """The candidates of images 0..valid-1 and which of them are detections; None when no score passed."""
         xp, spec = self.xp, self.spec
         n_anchor, n_cls = int(cls_logits.shape[1]), int(cls_logits.shape[2])
@@ -309,7 +323,7 @@ class Postprocessor:
         return Rows(boxes[order], scores[order], label[order], image[order], final)
 
 
-def decode_boxes(xp: Any, rel: Any, anc: Any, spec: HeadSpec) -> Any:
+def decode_boxes(xp: ArrayModule, rel: Array, anc: Array, spec: HeadSpec) -> Array:
     """Boxes [K, 4] float32 from regression rows `rel` [K, 4] against anchors `anc` [K, 4] (torchvision's BoxCoder
     with the head's weights, dw/dh clamped at bbox_xform_clip), clipped to the model input."""
     rel = rel.astype(xp.float32)
@@ -335,13 +349,13 @@ def decode_boxes(xp: Any, rel: Any, anc: Any, spec: HeadSpec) -> Any:
     return out
 
 
-def _rank_in_run(xp: Any, key: Any) -> Any:
+def _rank_in_run(xp: ArrayModule, key: Array) -> Array:
     """For a sorted key: each element's position within its run of equal keys (0 for the first)."""
     first = xp.searchsorted(key, key, side="left")
     return xp.arange(int(key.shape[0])) - first
 
 
-def _argsort(xp: Any, key: Any) -> Any:
+def _argsort(xp: ArrayModule, key: Array) -> Array:
     """A stable argsort (ties keep index order): numpy needs asking, CuPy's sort is a stable radix sort."""
     if xp is np:
         return np.argsort(key, kind="stable")

@@ -14,11 +14,16 @@ masks). The waits are on one slot's stream: the other slots keep the GPU busy me
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stream.engines import kernels
+
+if TYPE_CHECKING:
+    from stream.engines.postprocess import HeadSpec, Rows
+
+DeviceArray = Any  # a CuPy array (CuPy ships no type information)
 
 
 @functools.cache
@@ -44,7 +49,7 @@ class CupyOps:
         self.xp = cupy
         self.cap = SELECT_CAP
 
-    def select(self, flat: Any, thresh: float) -> tuple[Any, Any]:
+    def select(self, flat: DeviceArray, thresh: float) -> tuple[DeviceArray, DeviceArray]:
         """Flat indices (ascending) and float32 scores of the logits whose sigmoid is above thresh."""
         cp = self.xp
         _select = _kernels()[0]
@@ -61,7 +66,9 @@ class CupyOps:
         order = cp.argsort(idx[:n])  # the atomic counter leaves them in arbitrary order
         return idx[:n][order], scores[:n][order]
 
-    def decode(self, reg: Any, image: Any, anchor: Any, anchors: Any, spec: Any) -> Any:
+    def decode(
+        self, reg: DeviceArray, image: DeviceArray, anchor: DeviceArray, anchors: DeviceArray, spec: HeadSpec
+    ) -> DeviceArray:
         """As NumpyOps.decode, in one kernel (the gather of the candidates' rows included)."""
         cp = self.xp
         _decode = _kernels()[1]
@@ -76,7 +83,7 @@ class CupyOps:
                 np.float32(spec.bbox_xform_clip), np.float32(w), np.float32(h), out.reshape(-1), size=k)  # fmt: skip
         return out
 
-    def nms(self, boxes: Any, gkey: Any, none: int, thresh: float) -> Any:
+    def nms(self, boxes: DeviceArray, gkey: DeviceArray, none: int, thresh: float) -> DeviceArray:
         """As NumpyOps.nms, without a wait for the stream: one block per row, the groups' first rows work."""
         cp = self.xp
         _nms = _kernels()[2]
@@ -90,7 +97,7 @@ class CupyOps:
                                     np.float32(thresh), removed))  # fmt: skip
         return (removed == 0) & (gkey != none)
 
-    def pack(self, rows: Any, sizes_wh: Any, model_wh: tuple[int, int], limit: int) -> Any:
+    def pack(self, rows: Rows, sizes_wh: DeviceArray, model_wh: tuple[int, int], limit: int) -> DeviceArray:
         """As NumpyOps.pack, without a wait for the stream: [1 + min(K, limit), 7] for K candidates, `limit`
         the most detections the batch can have (the count itself is on the device); rows past the count are
         left unwritten."""

@@ -27,6 +27,7 @@ Decision record:
 from __future__ import annotations
 
 import asyncio
+import enum
 import errno
 import logging
 import os
@@ -37,13 +38,19 @@ import time
 from collections.abc import Callable, Generator, Mapping
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stream.sinks.drawing import draw
 from stream.errors import StreamError, first_line
 from stream.sources.naming import Source, redact
+
+if TYPE_CHECKING:
+    from av.container import OutputContainer
+    from av.video.stream import VideoStream
+
+    from stream.core.frames import FrameMeta, Sink
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +60,11 @@ KEYFRAME_S = 2.0  # a keyframe, hence a fragment, every 2 s: what a sudden stop 
 SINK_HINT = "point --annotate (annotate_dir) at another folder"
 
 
-_FINISH = object()  # write what is queued, then close the file
-_ABORT = object()  # wakes a waiting annotator so that it sees its abort flag
+class _Signal(enum.Enum):
+    """What an annotator's queue carries besides messages."""
+
+    FINISH = "finish"  # write what is queued, then close the file
+    ABORT = "abort"  # wakes a waiting annotator so that it sees its abort flag
 
 
 class AnnotateError(StreamError):
@@ -124,19 +134,19 @@ class Annotator:
         self.error: str | None = None
         self.stream_error: str | None = None  # the stream's own failure, from its status message
         self.state = "new"  # new, running, done, failed, aborted
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[dict[str, Any] | _Signal] = queue.SimpleQueue()
         self._abort = threading.Event()
         self._abort_reason: str | None = None
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
-        self._out: Any = None  # av OutputContainer
-        self._vs: Any = None
+        self._out: OutputContainer | None = None
+        self._vs: VideoStream | None = None
         self._size = (0, 0)
         self._tb = Fraction(1, 30)
         self._tick = 1  # one frame, in time-base units
         self._last_pts: int | None = None
         self._pts_offset = 0
-        self._frames_it: Generator[tuple[Any, np.ndarray], None, None] | None = None
+        self._frames_it: Generator[tuple[FrameMeta, np.ndarray], None, None] | None = None
         self._next = 0  # index (counted over passes) of the next decoded frame
         self._pass_start = 0  # index of the current pass's first frame
         self._new_pass = False
@@ -157,14 +167,14 @@ class Annotator:
 
     def finish(self) -> None:
         """Write what is queued, then close the file."""
-        self._queue.put(_FINISH)
+        self._queue.put(_Signal.FINISH)
 
     def abort(self, reason: str | None = None) -> None:
         """Stop at the next frame and close the file (what was written stays playable)."""
         if self._abort_reason is None:
             self._abort_reason = reason
         self._abort.set()
-        self._queue.put(_ABORT)
+        self._queue.put(_Signal.ABORT)
 
     def join(self, timeout: float | None = None) -> bool:
         """Wait for the file to be closed; True when it is."""
@@ -246,9 +256,11 @@ class Annotator:
             pts = 0 if self._last_pts is None else self._last_pts + self._tick
         frame.pts, frame.time_base = pts, self._tb
         self._last_pts = pts
+        out, vs = self._out, self._vs
+        assert out is not None and vs is not None  # open() came first
         try:
-            for pkt in self._vs.encode(frame):
-                self._out.mux(pkt)
+            for pkt in vs.encode(frame):
+                out.mux(pkt)
         except (OSError, av.error.FFmpegError) as exc:
             raise self._write_error(exc, f"could not be written after {self.frames} frames") from exc
         self.frames += 1
@@ -260,6 +272,7 @@ class Annotator:
         out, self._out = self._out, None
         if out is None:
             return
+        assert self._vs is not None  # set with _out, in open()
         try:
             try:
                 for pkt in self._vs.encode(None):
@@ -363,7 +376,7 @@ class Annotator:
     def _loop(self) -> None:
         while not self._abort.is_set():
             msg = self._queue.get()
-            if msg is _FINISH or msg is _ABORT or self._abort.is_set():
+            if isinstance(msg, _Signal) or self._abort.is_set():
                 return
             kind = msg.get("type")
             if kind == "eos":
@@ -418,7 +431,7 @@ class AnnotatingSink:
 
     def __init__(
         self,
-        inner: Any,
+        inner: Sink,
         out_dir: str | Path,
         lookup: Lookup | Mapping[str, Source],
         *,

@@ -15,11 +15,15 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import zmq
+import zmq.asyncio
 
 from stream.errors import ConfigError
+
+if TYPE_CHECKING:
+    from zmq.auth.asyncio import AsyncioAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +72,7 @@ def make_server(sock: zmq.Socket, keys: ServerKeys | None) -> None:
     sock.curve_server = True
 
 
-def start_authenticator(ctx: Any, keys: ServerKeys | None) -> Any:
+def start_authenticator(ctx: zmq.asyncio.Context, keys: ServerKeys | None) -> AsyncioAuthenticator | None:
     """pyzmq's ZAP handler on the running loop, accepting the public keys in keys.clients_dir."""
     if keys is None:
         return None

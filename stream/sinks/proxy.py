@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 import zmq
 import zmq.asyncio
@@ -30,6 +30,9 @@ from zmq.utils.monitor import recv_monitor_message
 
 from stream.sinks.publish import bind_error
 from stream.sinks.curve import ServerKeys, make_server
+
+if TYPE_CHECKING:
+    from zmq.auth.thread import ThreadAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,7 @@ class Proxy:
         self.keys = keys
         self.subscriptions = 0
         self.ctx = zmq.Context()
-        self._auth: Any = None
+        self._auth: ThreadAuthenticator | None = None
         self._xpub: zmq.Socket | None = None
         self._xsub: zmq.Socket | None = None
         self._capture_in: zmq.Socket | None = None  # PUSH, the proxy thread's end
@@ -120,8 +123,10 @@ class Proxy:
         self._thread.start()
 
     def _run(self) -> None:
+        xsub, xpub = self._xsub, self._xpub
+        assert xsub is not None and xpub is not None  # bind() and start() set them before the thread starts
         try:
-            zmq.proxy_steerable(self._xsub, self._xpub, self._capture_in, self._control_in)
+            zmq.proxy_steerable(xsub, xpub, self._capture_in, self._control_in)
         except zmq.ContextTerminated:
             pass
         except zmq.ZMQError as exc:  # pragma: no cover - logged, the supervisor notices nothing arrives

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import zmq
 import zmq.asyncio
@@ -24,6 +24,9 @@ import zmq.asyncio
 from stream import messages
 from stream.errors import PublishError
 from stream.sinks.curve import ServerKeys, make_server, start_authenticator
+
+if TYPE_CHECKING:
+    from zmq.auth.asyncio import AsyncioAuthenticator
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +43,7 @@ class Publisher:
         self, endpoint: str, fmt: str = "json", hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None
     ) -> None:
         self.keys = keys
-        self._auth: object | None = None
+        self._auth: AsyncioAuthenticator | None = None
         self.endpoint = endpoint
         self.fmt = fmt
         self.hwm = hwm
@@ -122,7 +125,7 @@ class Publisher:
             self._sock.close()  # LINGER lets queued messages leave first
             self._sock = None
         if self._auth is not None:
-            self._auth.stop()  # type: ignore[attr-defined]
+            self._auth.stop()
             self._auth = None
         if self._ctx is not None:
             # term() waits (up to LINGER) for queued messages to leave: keep that off the loop

@@ -40,7 +40,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -50,6 +50,12 @@ from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.sources.host import HostPreprocessor
 from stream.sources.naming import Source, redact, scheme_of
+
+if TYPE_CHECKING:
+    import av
+    from av.video.stream import VideoStream
+
+    from stream.sources.nvdec import NvdecDecoder, NvdecFrame
 
 log = logging.getLogger(__name__)
 
@@ -320,7 +326,7 @@ class LiveBatchSource:
         self.route = "cpu"
         self._use_rows(self._host_rows)
 
-    def _open_nvdec(self, vs: Any) -> Any:
+    def _open_nvdec(self, vs: VideoStream) -> NvdecDecoder | None:
         """This connection's NVDEC decoder, or None (the CPU decodes it). Raises _Fatal where NVDEC is required."""
         from stream.sources.nvdec import NvdecDecoder, nvdec_refusal, pix_fmt_name
 
@@ -354,7 +360,7 @@ class LiveBatchSource:
             return f"cannot connect ({self._err(exc)})", False
         streamed = False
         last = time.monotonic()
-        nvdec: Any = None
+        nvdec: NvdecDecoder | None = None
         try:
             if not container.streams.video:
                 return "the feed has no video stream", False
@@ -413,7 +419,7 @@ class LiveBatchSource:
         text = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         return self._scrub(text or type(exc).__name__)
 
-    def _offer(self, frame: Any, arrived: float) -> None:
+    def _offer(self, frame: av.VideoFrame, arrived: float) -> None:
         """Put one frame PyAV decoded into the batch being filled, or drop it when no buffer is free."""
         meta = FrameMeta(self._index, frame.time, arrived, frame.width, frame.height)
         self._index += 1
@@ -427,7 +433,7 @@ class LiveBatchSource:
             self._use_rows(self._host_rows)
         self._put(self._host_rows, rgb, meta)
 
-    def _offer_nvdec(self, frame: Any, pts_s: float | None, arrived: float) -> None:
+    def _offer_nvdec(self, frame: NvdecFrame, pts_s: float | None, arrived: float) -> None:
         """Put one NVDEC frame (decode_nvdec.NvdecFrame, on the device) into the batch being filled, or drop it."""
         meta = FrameMeta(self._index, pts_s, arrived, frame.width, frame.height)
         self._index += 1

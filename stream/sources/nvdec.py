@@ -51,8 +51,9 @@ import functools
 import logging
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -60,7 +61,13 @@ from stream.sources.pyav import ANNEXB_FILTERS, sequence_parameter_sets
 from stream.errors import DecodeError, first_line
 from stream.engines.model import ModelInfo
 
+if TYPE_CHECKING:
+    import av
+    from av.video.codeccontext import VideoCodecContext
+    from av.video.stream import VideoStream
+
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 NVDEC_CODECS = ANNEXB_FILTERS  # codec -> bitstream filter to Annex-B
 NVDEC_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # 4:2:0 8-bit: NVDEC's NV12 output
@@ -112,7 +119,7 @@ def _probe(device_id: int) -> str | None:
     return None
 
 
-def pix_fmt_name(ctx: Any) -> str | None:
+def pix_fmt_name(ctx: VideoCodecContext) -> str | None:
     p = getattr(ctx, "pix_fmt", None)
     return p if isinstance(p, str) or p is None else getattr(p, "name", str(p))
 
@@ -186,7 +193,7 @@ _cache_lock = threading.Lock()
 _CACHE_SIZE = 32
 
 
-def _cached(key: tuple[Any, ...], make: Any) -> Any:
+def _cached(key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
     with _cache_lock:
         hit = _cache.get(key)
         if hit is not None:
@@ -344,7 +351,7 @@ class NvdecDecoder:
     Call `decode` and `flush` from one thread, and consume each call's frames before the next call.
     """
 
-    def __init__(self, vs: Any, *, stream_id: str, device_id: int = 0, cuda_stream: Any = None) -> None:
+    def __init__(self, vs: VideoStream, *, stream_id: str, device_id: int = 0, cuda_stream: Any = None) -> None:
         import cupy as cp
         import PyNvVideoCodec as nvc
         from av.bitstream import BitStreamFilterContext
@@ -436,7 +443,7 @@ class NvdecDecoder:
         self._dec = None
 
     # -- decoding ---------------------------------------------------------------------------------------------
-    def decode(self, packet: Any) -> list[tuple[NvdecFrame, float | None]]:
+    def decode(self, packet: av.Packet) -> list[tuple[NvdecFrame, float | None]]:
         """The frames that leave the decoder with this packet (display order), each with its pts in seconds.
 
         An empty packet (PyAV's end of stream) flushes the decoder. Raises NvdecError.

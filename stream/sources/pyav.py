@@ -93,7 +93,7 @@ def frame_times(src: Source) -> list[float | None]:
         except Exception as exc:  # demux errors surface as the decoder's own error later
             log.debug("stream %s: demux stopped early: %s", src.id, exc)
     if all(t is not None for t in times):
-        times.sort()  # type: ignore[arg-type]
+        times.sort()
     return times
 
 

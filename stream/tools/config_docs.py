@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
 
 from stream.config import KEYS, SOURCE_KEYS, Key, worker_settings
 
@@ -58,7 +57,7 @@ runs with these keys fixed: {fixed}.
 """
 
 
-def toml_literal(value: Any) -> str:
+def toml_literal(value: object) -> str:
     """A default as it is written in a TOML file."""
     if isinstance(value, bool):
         return "true" if value else "false"

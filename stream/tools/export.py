@@ -28,14 +28,21 @@ import time
 import warnings
 from collections import OrderedDict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from stream.errors import ModelError
 from stream.engines.model import ModelInfo, load_info, metadata_for
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     import torch
     from torch import nn
+
+    # torchvision ships no type information: mypy sees its classes as Any, readers see what is passed.
+    from torchvision.models.detection.retinanet import RetinaNet
+
+    from stream.engines.postprocess import HeadSpec
 
 log = logging.getLogger(__name__)
 
@@ -49,20 +56,20 @@ TINY_CLS_STD = 0.06
 DOWNLOAD_TIMEOUT_S = 60.0
 
 
-def _import_torch() -> tuple[Any, Any]:
+def _require_torch() -> None:
+    """Import torch and torchvision, or raise a ModelError that says how to install them."""
     try:
-        import torch
-        import torchvision
+        import torch  # noqa: F401
+        import torchvision  # noqa: F401
     except ImportError as exc:
         raise ModelError(
             f"exporting a model needs torch and torchvision ({exc}); install them with `pip install 'stream[export]'`"
         ) from exc
-    return torch, torchvision
 
 
 def coco_labels() -> list[str]:
     """The 91 COCO category names torchvision's detection models use (index = label id); no download."""
-    _import_torch()
+    _require_torch()
     from torchvision.models.detection import RetinaNet_ResNet50_FPN_V2_Weights
 
     return list(RetinaNet_ResNet50_FPN_V2_Weights.COCO_V1.meta["categories"])
@@ -110,9 +117,11 @@ def _tiny_backbone() -> nn.Module:
             for module in self.modules():
                 if isinstance(module, nn.Conv2d):
                     nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+            first_conv = self.stem[1]
+            assert isinstance(first_conv, nn.Conv2d)
             with torch.no_grad():
-                first_conv = self.stem[1].weight
-                first_conv -= first_conv.mean(dim=(2, 3), keepdim=True)
+                weight = first_conv.weight
+                weight -= weight.mean(dim=(2, 3), keepdim=True)
 
         def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:
             c3 = self.stem(x)
@@ -123,7 +132,7 @@ def _tiny_backbone() -> nn.Module:
     return TinyBackbone()
 
 
-def _build_tiny(num_classes: int, **kwargs: Any) -> nn.Module:
+def _build_tiny(num_classes: int, **kwargs: float) -> RetinaNet:
     from functools import partial
 
     from torch import nn
@@ -141,7 +150,9 @@ def _build_tiny(num_classes: int, **kwargs: Any) -> nn.Module:
 
 
 def _load_state_dict(model: nn.Module, path: Path, arch: str) -> None:
-    torch, _ = _import_torch()
+    _require_torch()
+    import torch
+
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and torch errors of many types
@@ -158,9 +169,10 @@ def _load_state_dict(model: nn.Module, path: Path, arch: str) -> None:
         raise ModelError(f"weights file {path}: does not fit --arch {arch} ({detail})") from exc
 
 
-def build_model(arch: str, weights: str, *, score_thresh: float, max_detections: int, seed: int) -> nn.Module:
+def build_model(arch: str, weights: str, *, score_thresh: float, max_detections: int, seed: int) -> RetinaNet:
     """The torchvision model in eval mode, with its postprocess settings, on the CPU."""
-    torch, _ = _import_torch()
+    _require_torch()
+    import torch
     from torchvision.models.detection import RetinaNet_ResNet50_FPN_V2_Weights, retinanet_resnet50_fpn_v2
 
     if arch not in ARCHITECTURES:
@@ -195,14 +207,14 @@ def build_model(arch: str, weights: str, *, score_thresh: float, max_detections:
     return model.eval()
 
 
-def _bypass_resize(model: nn.Module, height: int, width: int) -> None:
+def _bypass_resize(model: RetinaNet, height: int, width: int) -> None:
     transform = model.transform
     # Identity on the instance: the input size is the model size and boxes come back in input pixels.
     transform.resize = lambda image, target=None: (image, target)
     transform.min_size, transform.max_size = (min(height, width),), max(height, width)
 
 
-def _to_half(model: nn.Module) -> None:
+def _to_half(model: RetinaNet) -> None:
     from torch import nn
 
     class HalfBackbone(nn.Module):
@@ -254,7 +266,7 @@ def _padded(height: int, width: int, divisible: int) -> tuple[int, int]:
     return -(-height // divisible) * divisible, -(-width // divisible) * divisible
 
 
-def _head_only(model: nn.Module, height: int, width: int) -> nn.Module:
+def _head_only(model: RetinaNet, height: int, width: int) -> nn.Module:
     """The network up to RetinaNet's head: normalise, pad like torchvision's batch_images, backbone, head."""
     import torch
     from torch import nn
@@ -263,9 +275,13 @@ def _head_only(model: nn.Module, height: int, width: int) -> nn.Module:
     ph, pw = _padded(height, width, t.size_divisible)
 
     class HeadOnly(nn.Module):
-        def __init__(self, inner: nn.Module) -> None:
+        mean: torch.Tensor  # buffers
+        std: torch.Tensor
+
+        def __init__(self, inner: RetinaNet) -> None:
             super().__init__()
-            self.backbone, self.head = inner.backbone, inner.head
+            self.backbone: nn.Module = inner.backbone
+            self.head: nn.Module = inner.head
             self.register_buffer("mean", torch.tensor(t.image_mean).view(1, 3, 1, 1))
             self.register_buffer("std", torch.tensor(t.image_std).view(1, 3, 1, 1))
 
@@ -279,12 +295,12 @@ def _head_only(model: nn.Module, height: int, width: int) -> nn.Module:
     return HeadOnly(model).eval()
 
 
-def _four(weights: Any) -> tuple[float, float, float, float]:
+def _four(weights: Iterable[float]) -> tuple[float, float, float, float]:
     wx, wy, ww, wh = (float(w) for w in weights)
     return wx, wy, ww, wh
 
 
-def head_spec(model: nn.Module, height: int, width: int) -> Any:
+def head_spec(model: RetinaNet, height: int, width: int) -> HeadSpec:
     """The HeadSpec of `model` at this input size, checked against torchvision's own anchors."""
     import numpy as np
     import torch
@@ -319,8 +335,10 @@ def head_spec(model: nn.Module, height: int, width: int) -> Any:
     return spec
 
 
-def _trace_head(model: nn.Module, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int) -> None:
-    torch, _ = _import_torch()
+def _trace_head(model: RetinaNet, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int) -> None:
+    _require_torch()
+    import torch
+
     device = "cuda" if fp16 and torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if fp16 else torch.float32
     if fp16 and device == "cpu":
@@ -337,8 +355,10 @@ def _trace_head(model: nn.Module, path: Path, *, batch: int, height: int, width:
             )  # fmt: skip
 
 
-def _trace_to_onnx(model: nn.Module, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int) -> None:
-    torch, _ = _import_torch()
+def _trace_to_onnx(model: RetinaNet, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int) -> None:
+    _require_torch()
+    import torch
+
     device = "cuda" if fp16 and torch.cuda.is_available() else "cpu"
     dtype = torch.float16 if fp16 else torch.float32
     if fp16:
@@ -398,7 +418,10 @@ def export_model(
     postprocess "graph": detections come out of the graph (fixed batch); "device": the graph ends at the head
     (dynamic batch, `batch` is the one the runtime fills) and stream.engines.postprocess does the rest.
     """
-    torch, torchvision = _import_torch()
+    _require_torch()
+    import torch
+    import torchvision
+
     height, width = (int(x) for x in input_size)
     if height < 32 or width < 32 or batch < 1 or max_detections < 1:
         raise ModelError(f"bad export settings: input {height}x{width} (each at least 32), batch {batch}, max_detections {max_detections}")

@@ -97,6 +97,8 @@ def make_sample_video(
     try:
         with av.open(str(tmp), "w", format=_FORMATS.get(out.suffix.lower(), out.suffix.lstrip(".") or "mp4")) as container:
             stream = container.add_stream(codec, rate=fps)
+            if not isinstance(stream, av.VideoStream):  # any codec name is accepted; this one must encode video
+                raise ValueError(f"{codec} is not a video codec")
             stream.width, stream.height, stream.pix_fmt = width, height, pix_fmt
             # "bf" is FFmpeg's generic max_b_frames; set it always since x264 defaults to 3 B-frames.
             stream.codec_context.options = {"bf": str(bframes), "g": str(fps)}
