@@ -57,16 +57,20 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream import config
+from stream import config  # noqa: E402
 from stream.core.runner import Runner  # noqa: E402
 from stream.engines.device import make_engine  # noqa: E402
-from stream.sources.registry import make_source, pool_size  # noqa: E402
-from stream.sources.live import LiveBatchSource  # noqa: E402
 from stream.engines.model import default_model_path, load_info  # noqa: E402
+from stream.sources.live import LiveBatchSource  # noqa: E402
 from stream.sources.naming import Source  # noqa: E402
-from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
+from stream.sources.registry import make_source, pool_size  # noqa: E402
+from tests.loopback import (  # noqa: E402
+    SYSTEM_PYTHON,  # noqa: E402
+    free_port,
+    gst_rtsp_missing,
+    port_open,
+)
 
-from tests.loopback import SYSTEM_PYTHON  # noqa: E402
 RTSP_SERVER = ROOT / "tests" / "rtsp_server.py"
 TARGET_MS = 100.0
 NO_DROP_FEEDS = 8  # up to this many feeds: no drops allowed
@@ -135,7 +139,7 @@ def install_paced_open() -> None:
 
     def paced_open(file: Any, *args: Any, **kwargs: Any) -> Any:
         if isinstance(file, str) and file.startswith(PACED):
-            phase, path = file[len(PACED):].split(":", 1)
+            phase, path = file[len(PACED) :].split(":", 1)
             return PacedContainer(path, float(phase), real_open)
         return real_open(file, *args, **kwargs)
 
@@ -314,21 +318,42 @@ def pct(xs: np.ndarray, q: float) -> float | None:
 class Daemon:
     """The daemon process of one mode (see `serve`), its subscriber, and the points measured with it."""
 
-    def __init__(self, a: argparse.Namespace, mode: str, location: str, fps: float, warm: Path, tmp: Path,
-                 overrides: dict[str, Any]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        a: argparse.Namespace,
+        mode: str,
+        location: str,
+        fps: float,
+        warm: Path,
+        tmp: Path,
+        overrides: dict[str, Any],
+    ) -> None:
         self.a, self.mode = a, mode
         self.m_port = free_port()
         endpoint = f"tcp://127.0.0.1:{free_port()}"
-        cfgd = {"device": a.device, "device_id": a.device_id, "model": str(a.model or default_model_path()),
-                "buffers": a.buffers, "publish": endpoint, "metrics_port": self.m_port, "progress": "off",
-                "linger_s": 2.0, **overrides}  # fmt: skip
+        cfgd = {
+            "device": a.device,
+            "device_id": a.device_id,
+            "model": str(a.model or default_model_path()),
+            "buffers": a.buffers,
+            "publish": endpoint,
+            "metrics_port": self.m_port,
+            "progress": "off",
+            "linger_s": 2.0,
+            **overrides,
+        }
         spec = {"config": cfgd, "mode": mode, "location": location, "fps": fps, "warm": str(warm)}
         self.log = tmp / f"daemon-{mode}.log"
         self.sub = Subscriber(endpoint)
         with open(self.log, "w") as errf:
-            self.proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errf, cwd=ROOT,
-                                         text=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(spec)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errf,
+                cwd=ROOT,
+                text=True,
+            )
         self.t_started = time.time()
         self.points = 0
         self.replies: dict[str, dict[str, Any]] = {}
@@ -413,9 +438,15 @@ class Daemon:
         unaccounted = read - len(every) - dropped_all
         counted = read > 0 and 0 <= unaccounted <= n * self.pool * self.batch
         p["read_fps"] = read / (t_stop - t_begin)
-        p["accounting"] = {"read": read, "published": len(every), "dropped": dropped_all, "queued_at_removal":
-                           unaccounted, "bound": n * self.pool * self.batch, "match": counted,
-                           "dropped_by_reason": {k: int(v) for k, v in m2["dropped"].items()}}  # fmt: skip
+        p["accounting"] = {
+            "read": read,
+            "published": len(every),
+            "dropped": dropped_all,
+            "queued_at_removal": unaccounted,
+            "bound": n * self.pool * self.batch,
+            "match": counted,
+            "dropped_by_reason": {k: int(v) for k, v in m2["dropped"].items()},
+        }
         p.update(target_check(n, p["receive_ms"]["p99"], p["dropped_total"], p["missing_frames"], counted))
         return p
 
@@ -430,8 +461,17 @@ def target_check(n: int, p99: float | None, dropped: int, missing: int, counted:
     return {"target": f"p99 <= {TARGET_MS:g} ms, {what}", "target_status": "met" if ok else "MISSED"}
 
 
-def summarize(mode: str, n: int, seconds: float, dets: list[tuple[float, dict[str, Any]]], m0: dict[str, Any],
-              m1: dict[str, Any], states: list[str], startup_s: float, stop_s: float) -> dict[str, Any]:  # fmt: skip
+def summarize(
+    mode: str,
+    n: int,
+    seconds: float,
+    dets: list[tuple[float, dict[str, Any]]],
+    m0: dict[str, Any],
+    m1: dict[str, Any],
+    states: list[str],
+    startup_s: float,
+    stop_s: float,
+) -> dict[str, Any]:
     pub_ms = np.asarray([1000.0 * (m["published_at"] - m["captured_at"]) for _, m in dets])
     recv_ms = np.asarray([1000.0 * (r - m["captured_at"]) for r, m in dets])
     per_feed: dict[str, list[int]] = {}
@@ -443,18 +483,30 @@ def summarize(mode: str, n: int, seconds: float, dets: list[tuple[float, dict[st
     ndrop = sum(dropped.values())
     hist, _ = np.histogram(recv_ms, bins=HIST_EDGES_MS)
     return {
-        "mode": mode, "feeds": n, "seconds": seconds,
-        "frames": len(dets), "fps": len(dets) / seconds, "fps_per_feed": len(dets) / seconds / n,
+        "mode": mode,
+        "feeds": n,
+        "seconds": seconds,
+        "frames": len(dets),
+        "fps": len(dets) / seconds,
+        "fps_per_feed": len(dets) / seconds / n,
         "publish_ms": {"p50": pct(pub_ms, 50), "p99": pct(pub_ms, 99), "max": pct(pub_ms, 100)},
-        "receive_ms": {"p50": pct(recv_ms, 50), "p90": pct(recv_ms, 90), "p99": pct(recv_ms, 99),
-                       "p99.9": pct(recv_ms, 99.9),
-                       "max": pct(recv_ms, 100)},
-        "dropped": dropped, "dropped_total": ndrop, "missing_frames": missing,
-        "reconnects": reconnects, "status_states": states,
+        "receive_ms": {
+            "p50": pct(recv_ms, 50),
+            "p90": pct(recv_ms, 90),
+            "p99": pct(recv_ms, 99),
+            "p99.9": pct(recv_ms, 99.9),
+            "max": pct(recv_ms, 100),
+        },
+        "dropped": dropped,
+        "dropped_total": ndrop,
+        "missing_frames": missing,
+        "reconnects": reconnects,
+        "status_states": states,
         "frames_per_feed": {k: len(v) for k, v in sorted(per_feed.items())},
-        "startup_s": startup_s, "stop_s": stop_s,
+        "startup_s": startup_s,
+        "stop_s": stop_s,
         "histogram_ms": {"edges": [round(float(e), 3) for e in HIST_EDGES_MS], "counts": hist.tolist()},
-    }  # fmt: skip
+    }
 
 
 def fmt_ms(v: float | None) -> str:
@@ -479,21 +531,29 @@ def table(res: dict[str, Any]) -> str:
             f"{p['target']}: **{p['target_status']}** |"
         )
     lines.append("")
-    lines.append("- fps: detections published per second over the window, all feeds together; read fps: frames the "
-                 "feeds' sources read per second, from the point's start (connecting included) to its feeds' "
-                 "removal")  # fmt: skip
-    lines.append("- publish: `published_at - captured_at` (daemon clock); receive: subscriber's receive time - "
-                 "`captured_at` (another process, same host clock)")  # fmt: skip
-    lines.append("- missing: gaps in `frame` among the published frames captured in the window; dropped: "
-                 "`stream_dropped_frames_total` over the window (counted when dropped: the two differ by what was "
-                 "in flight at the window's edges); whole point, from the feeds' start to their eos: frames the "
-                 "feeds read = published + dropped (counted) + still queued in the source when the feed was removed "
-                 "(at most its pool of batches; 'check!' when outside that)")  # fmt: skip
+    lines.append(
+        "- fps: detections published per second over the window, all feeds together; read fps: frames the "
+        "feeds' sources read per second, from the point's start (connecting included) to its feeds' "
+        "removal"
+    )
+    lines.append(
+        "- publish: `published_at - captured_at` (daemon clock); receive: subscriber's receive time - "
+        "`captured_at` (another process, same host clock)"
+    )
+    lines.append(
+        "- missing: gaps in `frame` among the published frames captured in the window; dropped: "
+        "`stream_dropped_frames_total` over the window (counted when dropped: the two differ by what was "
+        "in flight at the window's edges); whole point, from the feeds' start to their eos: frames the "
+        "feeds read = published + dropped (counted) + still queued in the source when the feed was removed "
+        "(at most its pool of batches; 'check!' when outside that)"
+    )
     for mode, what in res["modes"].items():
         lines.append(f"- {mode}: {what}")
     if any(p["reconnects"] for p in res["points"]):
-        lines.append("- reconnects in windows: " + ", ".join(f"{p['mode']} {p['feeds']}: {p['reconnects']}"
-                                                             for p in res["points"] if p["reconnects"]))  # fmt: skip
+        lines.append(
+            "- reconnects in windows: "
+            + ", ".join(f"{p['mode']} {p['feeds']}: {p['reconnects']}" for p in res["points"] if p["reconnects"])
+        )
     return "\n".join(lines)
 
 
@@ -504,8 +564,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"warning: matplotlib is not installed (pip install '.[bench]'): no plot written to {path}",
-              file=sys.stderr)
+        print(
+            f"warning: matplotlib is not installed (pip install '.[bench]'): no plot written to {path}", file=sys.stderr
+        )
         return
     fig, ax = plt.subplots(figsize=(10, 4.5), dpi=100)
     lo, hi = TARGET_MS, TARGET_MS
@@ -523,8 +584,14 @@ def plot(res: dict[str, Any], path: Path) -> None:
         frac = counts / counts.sum()
         feeds = f"{p['feeds']} feed{'s' if p['feeds'] > 1 else ''}"
         label = f"{p['mode']}, {feeds} (p99 {fmt_ms(p['receive_ms']['p99'])} ms)"
-        ax.stairs(frac, h["edges"], label=label, linewidth=1.5, color=colours[p["feeds"]],
-                  linestyle=styles.get(p["mode"], "-"))
+        ax.stairs(
+            frac,
+            h["edges"],
+            label=label,
+            linewidth=1.5,
+            color=colours[p["feeds"]],
+            linestyle=styles.get(p["mode"], "-"),
+        )
     ax.axvline(TARGET_MS, ls="--", color="k", lw=1, label=f"{TARGET_MS:g} ms")
     ax.set_xscale("log")
     ax.set_xlim(lo / 1.5, hi * 1.5)
@@ -593,56 +660,78 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="stream-latency-"))
     server: subprocess.Popen[bytes] | None = None
     res: dict[str, Any] = {
-        "device": a.device, "machine": platform.node(), "cpus": os.cpu_count(), "python": platform.python_version(),
+        "device": a.device,
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
         "date": time.strftime("%Y-%m-%d"),
         "model": f"{model.name} ({info.architecture}, {info.width}x{info.height}, batch {info.batch}, {info.dtype})",
-        "config": {"buffers": cfg.buffers, "queue_batches": cfg.queue_batches, "batch_timeout_ms": cfg.batch_timeout_ms,
-                   "max_staleness_ms": cfg.max_staleness_ms, "set": a.set},
+        "config": {
+            "buffers": cfg.buffers,
+            "queue_batches": cfg.queue_batches,
+            "batch_timeout_ms": cfg.batch_timeout_ms,
+            "max_staleness_ms": cfg.max_staleness_ms,
+            "set": a.set,
+        },
         "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-        "modes": {}, "points": [],
-    }  # fmt: skip
+        "modes": {},
+        "points": [],
+    }
     try:
         plan: list[tuple[str, str, float, Path]] = []
         for mode in modes:
             if mode == "rtsp":
                 port = free_port()
-                server = subprocess.Popen([SYSTEM_PYTHON, str(RTSP_SERVER), str(port)], stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL)  # fmt: skip
+                server = subprocess.Popen(
+                    [SYSTEM_PYTHON, str(RTSP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                )
                 deadline = time.time() + 30
                 while not port_open(port):
                     if server.poll() is not None or time.time() > deadline:
                         raise SystemExit(f"the RTSP server ({RTSP_SERVER}) did not start")
                     time.sleep(0.1)
                 warm = make_sample_video(tmp / "warm-320x240.mp4", width=320, height=240, fps=30, seconds=1.0)
-                res["modes"]["rtsp"] = ("tests/rtsp_server.py (GStreamer RTSP server on 127.0.0.1): live 320x240 "
-                                        "test pattern, 30 fps, x264 zerolatency, one shared media; "
-                                        "RTSP over TCP")  # fmt: skip
+                res["modes"]["rtsp"] = (
+                    "tests/rtsp_server.py (GStreamer RTSP server on 127.0.0.1): live 320x240 "
+                    "test pattern, 30 fps, x264 zerolatency, one shared media; "
+                    "RTSP over TCP"
+                )
                 plan.append(("rtsp", f"rtsp://127.0.0.1:{port}/pattern", 30.0, warm))
             else:
-                video = a.video or make_sample_video(tmp / "paced.mp4", width=a.size[0], height=a.size[1], fps=30,
-                                                     seconds=10.0)  # fmt: skip
+                video = a.video or make_sample_video(
+                    tmp / "paced.mp4", width=a.size[0], height=a.size[1], fps=30, seconds=10.0
+                )
                 vi = probe(Source("paced", str(video)))
                 fps = vi.fps or 30.0
-                warm = make_sample_video(tmp / f"warm-{vi.width}x{vi.height}.mp4", width=vi.width, height=vi.height,
-                                         fps=30, seconds=1.0)  # fmt: skip
-                res["modes"]["paced"] = (f"{video.name} ({vi.width}x{vi.height} {vi.codec}, "
-                                         f"{vi.frames_declared} frames) "
-                                         f"played at its {fps:g} fps and replayed forever: pacing done by this bench "
-                                         f"(PacedContainer), not by stream; feeds staggered by 1/N frame")  # fmt: skip
+                warm = make_sample_video(
+                    tmp / f"warm-{vi.width}x{vi.height}.mp4", width=vi.width, height=vi.height, fps=30, seconds=1.0
+                )
+                res["modes"]["paced"] = (
+                    f"{video.name} ({vi.width}x{vi.height} {vi.codec}, "
+                    f"{vi.frames_declared} frames) "
+                    f"played at its {fps:g} fps and replayed forever: pacing done by this bench "
+                    f"(PacedContainer), not by stream; feeds staggered by 1/N frame"
+                )
                 plan.append(("paced", str(video.resolve()), fps, warm))
-        print(f"{a.device}: {res['model']}; buffers {cfg.buffers}, batch_timeout_ms {cfg.batch_timeout_ms}, "
-              f"max_staleness_ms {cfg.max_staleness_ms}; {os.cpu_count()} CPUs", flush=True)  # fmt: skip
+        print(
+            f"{a.device}: {res['model']}; buffers {cfg.buffers}, batch_timeout_ms {cfg.batch_timeout_ms}, "
+            f"max_staleness_ms {cfg.max_staleness_ms}; {os.cpu_count()} CPUs",
+            flush=True,
+        )
         for mode, location, fps, warm in plan:
             daemon = Daemon(a, mode, location, fps, warm, tmp, overrides)
             try:
                 for n in a.feeds:
                     p = daemon.point(n)
                     res["points"].append(p)
-                    print(f"{mode}, {n:2d} feeds: {p['fps']:.1f} fps published, {p['read_fps']:.1f} read; "
-                          f"receive p50 {fmt_ms(p['receive_ms']['p50'])} p99 {fmt_ms(p['receive_ms']['p99'])} max "
-                          f"{fmt_ms(p['receive_ms']['max'])} ms; dropped {p['dropped'] or 0}, "
-                          f"missing {p['missing_frames']}; "
-                          f"start-up {p['startup_s']:.1f} s, stop {p['stop_s']:.1f} s", flush=True)  # fmt: skip
+                    print(
+                        f"{mode}, {n:2d} feeds: {p['fps']:.1f} fps published, {p['read_fps']:.1f} read; "
+                        f"receive p50 {fmt_ms(p['receive_ms']['p50'])} p99 {fmt_ms(p['receive_ms']['p99'])} max "
+                        f"{fmt_ms(p['receive_ms']['max'])} ms; dropped {p['dropped'] or 0}, "
+                        f"missing {p['missing_frames']}; "
+                        f"start-up {p['startup_s']:.1f} s, stop {p['stop_s']:.1f} s",
+                        flush=True,
+                    )
                     if a.json:
                         a.json.write_text(json.dumps(res, indent=1))
             finally:

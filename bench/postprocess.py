@@ -48,8 +48,8 @@ from stream import config
 from stream.core.runner import Runner  # noqa: E402
 from stream.engines.model import ModelInfo, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
-from stream.tools.sample import make_sample_video  # noqa: E402
 from stream.sources.naming import Source  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
 
 TARGET_FPS = 400.0
 TARGET_NAIVE = 8.0
@@ -68,7 +68,9 @@ def export_cpu_models(folder: Path) -> None:
     for prec in ("fp32", "fp16"):
         for b in (1, 8):
             export_model(model_file(folder, "graph", b, prec), batch=b, fp16=prec == "fp16", **common)
-        export_model(model_file(folder, "device", 8, prec), batch=8, fp16=prec == "fp16", postprocess="device", **common)
+        export_model(
+            model_file(folder, "device", 8, prec), batch=8, fp16=prec == "fp16", postprocess="device", **common
+        )
 
 
 def info_for(path: Path, batch: int) -> ModelInfo:
@@ -80,8 +82,13 @@ def info_for(path: Path, batch: int) -> ModelInfo:
     return info
 
 
-def make_engine(device: str, info: ModelInfo, buffers: int, provider_options: dict[str, str] | None = None,
-                cuda_graph: str = config.Config.cuda_graph) -> Any:  # fmt: skip
+def make_engine(
+    device: str,
+    info: ModelInfo,
+    buffers: int,
+    provider_options: dict[str, str] | None = None,
+    cuda_graph: str = config.Config.cuda_graph,
+) -> Any:
     if device == "cuda":
         from stream.engines.cuda import CudaEngine
 
@@ -91,10 +98,27 @@ def make_engine(device: str, info: ModelInfo, buffers: int, provider_options: di
     return CpuEngine(info)
 
 
-async def measure_config(a: argparse.Namespace, pub: Publisher, drain: Drain, info: ModelInfo, video: Path,
-                         warm: Path, tmp: Path, tag: str, cuda_graph: str = config.Config.cuda_graph) -> dict[str, Any]:  # fmt: skip
-    cfg = config.load(None, {"device": a.device, "model": str(info.path), "buffers": a.buffers, "progress": "off",
-                             "cuda_graph": cuda_graph})  # fmt: skip
+async def measure_config(
+    a: argparse.Namespace,
+    pub: Publisher,
+    drain: Drain,
+    info: ModelInfo,
+    video: Path,
+    warm: Path,
+    tmp: Path,
+    tag: str,
+    cuda_graph: str = config.Config.cuda_graph,
+) -> dict[str, Any]:
+    cfg = config.load(
+        None,
+        {
+            "device": a.device,
+            "model": str(info.path),
+            "buffers": a.buffers,
+            "progress": "off",
+            "cuda_graph": cuda_graph,
+        },
+    )
     t = time.perf_counter()
     engine = await asyncio.to_thread(make_engine, a.device, info, a.buffers, None, cuda_graph)
     try:
@@ -109,17 +133,26 @@ async def measure_config(a: argparse.Namespace, pub: Publisher, drain: Drain, in
         paths = stream_paths(video, tmp / "streams", a.streams)
         e2e = await end_to_end(cfg, info, engine, pub, paths, a.seconds, 120.0, tag)
         e2e["received"] = drain.settle() - got
-        return {"engine_s": made, "inference_only": inf["images_per_s"], "e2e_fps": e2e["fps"], "e2e": e2e,
-                "cuda_graph": bool(getattr(engine, "graph", False))}
+        return {
+            "engine_s": made,
+            "inference_only": inf["images_per_s"],
+            "e2e_fps": e2e["fps"],
+            "e2e": e2e,
+            "cuda_graph": bool(getattr(engine, "graph", False)),
+        }
     finally:
         engine.close()
 
 
 def provider_sweep(a: argparse.Namespace, video: Path) -> list[dict[str, Any]]:
     variants = [
-        ("fp16", {}), ("fp16", {"prefer_nhwc": "1"}), ("fp16", {"cudnn_conv_algo_search": "HEURISTIC"}),
-        ("fp16", {"cudnn_conv_use_max_workspace": "0"}), ("fp32", {"use_tf32": "0"}), ("fp32", {"use_tf32": "1"}),
-    ]  # fmt: skip
+        ("fp16", {}),
+        ("fp16", {"prefer_nhwc": "1"}),
+        ("fp16", {"cudnn_conv_algo_search": "HEURISTIC"}),
+        ("fp16", {"cudnn_conv_use_max_workspace": "0"}),
+        ("fp32", {"use_tf32": "0"}),
+        ("fp32", {"use_tf32": "1"}),
+    ]
     rows = []
     batches: dict[str, Any] = {}
     for prec, opts in variants:
@@ -134,7 +167,10 @@ def provider_sweep(a: argparse.Namespace, video: Path) -> list[dict[str, Any]]:
             engine.close()
         row = {"precision": prec, "options": opts or "defaults", "images_per_s": r["images_per_s"]}
         rows.append(row)
-        print(f"provider options {prec} {json.dumps(opts) if opts else 'defaults':45s}: {r['images_per_s']:7.1f} img/s", flush=True)
+        print(
+            f"provider options {prec} {json.dumps(opts) if opts else 'defaults':45s}: {r['images_per_s']:7.1f} img/s",
+            flush=True,
+        )
     return rows
 
 
@@ -158,8 +194,11 @@ async def run_all(a: argparse.Namespace, video: Path, warm: Path, tmp: Path, res
             label = pp + (", CUDA graph" if r["cuda_graph"] else "")
             r.update(postprocess=label, batch=b, precision=prec, model=path.name)
             res["configs"].append(r)
-            print(f"{tag:18s} inference only {r['inference_only']:7.1f} img/s   end to end {r['e2e_fps']:7.1f} fps "
-                  f"({a.streams} streams; engine made in {r['engine_s']:.1f} s)", flush=True)  # fmt: skip
+            print(
+                f"{tag:18s} inference only {r['inference_only']:7.1f} img/s   end to end {r['e2e_fps']:7.1f} fps "
+                f"({a.streams} streams; engine made in {r['engine_s']:.1f} s)",
+                flush=True,
+            )
             if a.json:
                 a.json.write_text(json.dumps(res, indent=1))
     finally:
@@ -171,7 +210,9 @@ def report(res: dict[str, Any]) -> None:
     naive = res.get("naive_fps")
     at = {(c["postprocess"], c["batch"], c["precision"]): c for c in res["configs"]}
     print()
-    print("| post-processing | batch | precision | inference only, img/s | end to end, fps | e2e / naive | device / graph (e2e) |")
+    print(
+        "| post-processing | batch | precision | inference only, img/s | end to end, fps | e2e / naive | device / graph (e2e) |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (pp, b, prec), c in sorted(at.items(), key=lambda kv: (kv[0][2], kv[0][1], kv[0][0])):
         other = at.get(("graph", b, prec))
@@ -185,17 +226,21 @@ def report(res: dict[str, Any]) -> None:
         ok_fps = best["e2e_fps"] >= TARGET_FPS
         ok_naive = bool(naive) and best["e2e_fps"] / naive >= TARGET_NAIVE
         print(f"\nnaive loop: {naive:.1f} fps" if naive else "")
-        print(f"best: {best['postprocess']} b{best['batch']} {best['precision']}: {best['e2e_fps']:.1f} fps end to end "
-              f"(target {TARGET_FPS:g}: {'met' if ok_fps else 'MISSED'}); "
-              f"{best['e2e_fps'] / naive if naive else float('nan'):.1f}x the naive loop (target {TARGET_NAIVE:g}x: "
-              f"{'met' if ok_naive else 'MISSED'}); end to end / inference only {best['e2e_fps'] / best['inference_only']:.2f}")  # fmt: skip
+        print(
+            f"best: {best['postprocess']} b{best['batch']} {best['precision']}: {best['e2e_fps']:.1f} fps end to end "
+            f"(target {TARGET_FPS:g}: {'met' if ok_fps else 'MISSED'}); "
+            f"{best['e2e_fps'] / naive if naive else float('nan'):.1f}x the naive loop (target {TARGET_NAIVE:g}x: "
+            f"{'met' if ok_naive else 'MISSED'}); end to end / inference only {best['e2e_fps'] / best['inference_only']:.2f}"
+        )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--models", type=Path, default=None, help="folder of the six models (default: export tiny ones)")
-    ap.add_argument("--naive-model", type=Path, default=None, help="batch-1 graph model (default: MODELS/r50_b1_fp32.onnx)")
+    ap.add_argument(
+        "--naive-model", type=Path, default=None, help="batch-1 graph model (default: MODELS/r50_b1_fp32.onnx)"
+    )
     ap.add_argument("--video", type=Path, default=None, help="default: a generated 640x360 H.264 video")
     ap.add_argument("--streams", type=int, default=8, help="file streams of the end-to-end runs")
     ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
@@ -204,8 +249,11 @@ def main() -> None:
     ap.add_argument("--ceiling-batches", type=int, default=8)
     ap.add_argument("--naive-frames", type=int, default=120)
     ap.add_argument("--provider-sweep", action="store_true")
-    ap.add_argument("--compare-cuda-graph", action="store_true",
-                    help="also run device b8 fp16 with the other cuda_graph setting (off where the default is auto)")
+    ap.add_argument(
+        "--compare-cuda-graph",
+        action="store_true",
+        help="also run device b8 fp16 with the other cuda_graph setting (off where the default is auto)",
+    )
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="stream-pp-"))
@@ -215,8 +263,14 @@ def main() -> None:
         export_cpu_models(a.models)
     video = a.video or make_sample_video(tmp / "v.mp4", width=640, height=360, seconds=10.0)
     warm = make_sample_video(tmp / "warm.mp4", width=640, height=360, seconds=1.0)
-    res: dict[str, Any] = {"device": a.device, "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M"),
-                           "video": str(video), "args": {k: str(v) for k, v in vars(a).items()}, "configs": []}  # fmt: skip
+    res: dict[str, Any] = {
+        "device": a.device,
+        "machine": platform.node(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "video": str(video),
+        "args": {k: str(v) for k, v in vars(a).items()},
+        "configs": [],
+    }
     naive_model = a.naive_model or model_file(a.models, "graph", 1, "fp32")
     res["naive_fps"] = naive_loop(video, naive_model, a.device, a.naive_frames)
     print(f"naive loop {res['naive_fps']:.1f} fps ({naive_model.name}, batch 1, {a.device})", flush=True)

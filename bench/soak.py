@@ -55,9 +55,13 @@ sys.path.insert(0, str(ROOT))
 from stream.client import SeqGaps  # noqa: E402
 from stream.messages import decode  # noqa: E402
 from stream.tools.sample import make_sample_video  # noqa: E402
-from tests.loopback import free_port, gst_rtsp_missing, port_open  # noqa: E402
+from tests.loopback import (  # noqa: E402
+    SYSTEM_PYTHON,  # noqa: E402
+    free_port,
+    gst_rtsp_missing,
+    port_open,
+)
 
-from tests.loopback import SYSTEM_PYTHON  # noqa: E402
 RTSP_SERVER = ROOT / "tests" / "rtsp_server.py"
 
 
@@ -85,8 +89,9 @@ class RtspServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, str(RTSP_SERVER), str(self.port)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(RTSP_SERVER), str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         if not wait_until(lambda: port_open(self.port), 30):
             raise RuntimeError(f"the RTSP server did not listen on port {self.port} within 30 s")
 
@@ -109,8 +114,11 @@ class PacedServer:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([sys.executable, str(ROOT / "tests" / "paced_feed.py"), str(self.video),
-                                      str(self.port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "tests" / "paced_feed.py"), str(self.video), str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         time.sleep(0.5)  # it takes one client at a time: no probe connection
 
     def kill(self) -> None:
@@ -123,7 +131,7 @@ class PacedServer:
         return f"tcp://127.0.0.1:{self.port}"
 
 
-_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$')
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 
 
@@ -154,16 +162,23 @@ def rss_kb(pid: int) -> tuple[int, int]:
         text = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return 0, 0
-    vals = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)
-            if k in ("VmRSS", "VmHWM")}  # fmt: skip
+    vals = {
+        k: int(v.split()[0])
+        for k, v in (line.split(":", 1) for line in text.splitlines() if ":" in line)
+        if k in ("VmRSS", "VmHWM")
+    }
     return vals.get("VmRSS", 0), vals.get("VmHWM", 0)
 
 
 def gpu_mib(pid: int) -> int | None:
     """GPU memory of the process from nvidia-smi, in MiB; None when nvidia-smi cannot tell."""
     try:
-        r = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                           capture_output=True, text=True, timeout=10)  # fmt: skip
+        r = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if r.returncode != 0:
@@ -177,8 +192,13 @@ def gpu_mib(pid: int) -> int | None:
 
 
 def ctl(control: str, *args: str) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, *args],
-                       capture_output=True, text=True, timeout=60, cwd=ROOT)  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-m", "stream", "ctl", "--control", control, *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -377,8 +397,9 @@ class Soak:
                 sources.append(f"live{j}={self.servers[min(j, len(self.servers) - 1)].url()}")
                 self.kinds[f"live{j}"] = "live"
             self.rtsp = self.servers[0]
-        help_text = subprocess.run([sys.executable, "-m", "stream", "run", "--help"], capture_output=True,
-                                   text=True, cwd=ROOT).stdout  # fmt: skip
+        help_text = subprocess.run(
+            [sys.executable, "-m", "stream", "run", "--help"], capture_output=True, text=True, cwd=ROOT
+        ).stdout
         self.annotate = "--annotate" in help_text and not a.no_annotate
         cfg = {
             "control_roots": [str(self.work)],
@@ -393,10 +414,30 @@ class Soak:
 
     def start_daemon(self, sources: list[str]) -> None:
         a = self.args
-        cmd = [sys.executable, "-m", "stream", "run", "--config", str(self.work / "soak.toml"),
-               *[x for s in sources for x in ("--source", s)], "--device", a.device, "--loop",
-               "--control", self.control, "--http-port", str(self.mport), "--publish", self.publish,
-               "--wait-subscribers", "1", "--progress", "off", "--log-level", a.log_level]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--config",
+            str(self.work / "soak.toml"),
+            *[x for s in sources for x in ("--source", s)],
+            "--device",
+            a.device,
+            "--loop",
+            "--control",
+            self.control,
+            "--http-port",
+            str(self.mport),
+            "--publish",
+            self.publish,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+            "--log-level",
+            a.log_level,
+        ]
         if a.model:
             cmd += ["--model", a.model]
         if self.annotate:
@@ -431,9 +472,15 @@ class Soak:
                 self.peak_gpu = max(self.peak_gpu or 0, gpu)
                 self.final_gpu = gpu
             if m is not None or rss:
-                self.samples.append({"t": round(time.time() - self.started_at, 1), "rss_kb": rss, "gpu_mib": gpu,
-                                     "gpu_gauge_mib": round(metric(m, "stream_gpu_memory_bytes") / 2**20, 1) if m else None,
-                                     "frames": metric(m, "stream_frames_total")})  # fmt: skip
+                self.samples.append(
+                    {
+                        "t": round(time.time() - self.started_at, 1),
+                        "rss_kb": rss,
+                        "gpu_mib": gpu,
+                        "gpu_gauge_mib": round(metric(m, "stream_gpu_memory_bytes") / 2**20, 1) if m else None,
+                        "frames": metric(m, "stream_frames_total"),
+                    }
+                )
             self._mon_fast.wait(0.1 if self._mon_fast.is_set() else self.args.sample_s)
 
     # -- faults ---------------------------------------------------------------------------------------------
@@ -446,8 +493,10 @@ class Soak:
         moved = wait_until(lambda: steady.count > before + 5, 30)
         if alive and moved:
             f.survived += done
-            note = f"bursts of {self.args.churn} subscribers connecting and leaving (some after one message, some " \
-                   f"without unsubscribing)"
+            note = (
+                f"bursts of {self.args.churn} subscribers connecting and leaving (some after one message, some "
+                f"without unsubscribing)"
+            )
             if note not in f.notes:
                 f.notes.insert(0, note)
         else:
@@ -464,8 +513,10 @@ class Soak:
         mark = {s: len(steady.streams.get(s, StreamLog()).states) for s in lives}
         for srv in self.servers:
             srv.kill()
-        saw = wait_until(lambda: all(any(st == "reconnecting" for _, st, _ in steady.streams[s].states[mark[s]:])
-                                     for s in lives), 30)  # fmt: skip
+        saw = wait_until(
+            lambda: all(any(st == "reconnecting" for _, st, _ in steady.streams[s].states[mark[s] :]) for s in lives),
+            30,
+        )
         time.sleep(2.0)
         restarted = time.time()
         for srv in self.servers:
@@ -473,8 +524,11 @@ class Soak:
         frames0 = {s: steady.streams[s].frames for s in lives}
 
         def back() -> bool:
-            return all(any(st == "streaming" and t >= restarted for t, st, _ in steady.streams[s].states)
-                       and steady.streams[s].frames > frames0[s] for s in lives)  # fmt: skip
+            return all(
+                any(st == "streaming" and t >= restarted for t, st, _ in steady.streams[s].states)
+                and steady.streams[s].frames > frames0[s]
+                for s in lives
+            )
 
         ok = wait_until(back, 45)
         if saw and ok:
@@ -484,8 +538,10 @@ class Soak:
             f.notes.append(f"reconnecting seen {saw}, streaming again with new frames {ok}")
 
     def f_bad_sources(self, steady: Steady) -> None:
-        for sid, name, path in (("missing", "missing file added via ctl", self.work / "videos" / "nope.mp4"),
-                                ("corrupt", "corrupt file added via ctl", self.work / "videos" / "corrupt.mp4")):
+        for sid, name, path in (
+            ("missing", "missing file added via ctl", self.work / "videos" / "nope.mp4"),
+            ("corrupt", "corrupt file added via ctl", self.work / "videos" / "corrupt.mp4"),
+        ):
             f = self.fault(name)
             f.injected += 1
             code, out, err = ctl(self.control, "add", sid, str(path))
@@ -526,8 +582,9 @@ class Soak:
             self.expect_fail.add("removed")
             clear = "does not exist" in (sl.end.get("error") or "")
             f.survived += int(clear and sl.holes == 0 and sl.disorder == 0)
-            f.notes.append(f"deleted after {at} frames; {sl.frames} published, then failed: "
-                           f"{(sl.end.get('error') or '')[:120]}")  # fmt: skip
+            f.notes.append(
+                f"deleted after {at} frames; {sl.frames} published, then failed: {(sl.end.get('error') or '')[:120]}"
+            )
         elif not ended:  # still running: fine if it keeps its frames contiguous; its eos comes at the stop
             f.survived += int(sl.holes == 0 and sl.disorder == 0)
             f.notes.append(f"deleted after {at} frames; still running at the check, {sl.frames} frames")
@@ -538,8 +595,11 @@ class Soak:
     def f_annotate(self, steady: Steady) -> None:
         f = self.fault("annotate target unwritable")
         if not self.annotate:
-            f.notes.append("skipped: `stream run --help` has no --annotate" if not self.args.no_annotate
-                           else "skipped: --no-annotate")  # fmt: skip
+            f.notes.append(
+                "skipped: `stream run --help` has no --annotate"
+                if not self.args.no_annotate
+                else "skipped: --no-annotate"
+            )
             return
         f.injected += 1
         self.annotate_dir.mkdir(parents=True, exist_ok=True)
@@ -570,8 +630,13 @@ class Soak:
         self.start_daemon(sources)
         assert self.proc is not None
         initial = list(self.kinds)
-        ok = wait_until(lambda: all(s in steady.streams and steady.streams[s].frames > 0 for s in initial)
-                        or self.proc.poll() is not None, 180)  # fmt: skip
+        ok = wait_until(
+            lambda: (
+                all(s in steady.streams and steady.streams[s].frames > 0 for s in initial)
+                or self.proc.poll() is not None
+            ),
+            180,
+        )
         if not ok or self.proc.poll() is not None:
             raise RuntimeError(f"the daemon did not start publishing every stream:\n{self.log_text()[-3000:]}")
         self.started_at = time.time()
@@ -583,8 +648,14 @@ class Soak:
         # (fraction of the run, what): spread over the run, whatever its length
         pid = self.proc.pid
         plan: list[tuple[float, str, Callable[[], None]]] = [
-            (0.05, "warm-up memory", lambda: (setattr(self, "warm_rss", rss_kb(pid)[0]),
-                                              setattr(self, "warm_gpu", gpu_mib(pid) if a.device == "cuda" else None))),
+            (
+                0.05,
+                "warm-up memory",
+                lambda: (
+                    setattr(self, "warm_rss", rss_kb(pid)[0]),
+                    setattr(self, "warm_gpu", gpu_mib(pid) if a.device == "cuda" else None),
+                ),
+            ),
             (0.10, "subscriber churn", lambda: self.f_churn(steady)),
             (0.20, "bad sources via ctl", lambda: self.f_bad_sources(steady)),
             (0.30, "live server kill + restart", lambda: self.f_rtsp(steady)),
@@ -596,8 +667,10 @@ class Soak:
             (0.88, "the subscriber that does not read starts reading", never.read),
         ]
         # where the daemon's threads are (SIGUSR1: every thread's stack into daemon.log; see --daemon-log)
-        plan += [((k + 0.5) / a.stacks, "thread stacks (SIGUSR1)", lambda: self.proc.send_signal(signal.SIGUSR1))
-                 for k in range(a.stacks)]  # fmt: skip
+        plan += [
+            ((k + 0.5) / a.stacks, "thread stacks (SIGUSR1)", lambda: self.proc.send_signal(signal.SIGUSR1))
+            for k in range(a.stacks)
+        ]
         plan.sort(key=lambda p: p[0])
         died = None
         for frac, what, fn in plan:
@@ -644,8 +717,16 @@ class Soak:
         return self.evaluate(steady, never, running, code, stop_s, died, rss_before_stop)
 
     # -- verdict --------------------------------------------------------------------------------------------
-    def evaluate(self, steady: Steady, never: NeverReader, running: list[str], code: int, stop_s: float,
-                 died: str | None, rss_before_stop: int) -> dict[str, Any]:  # fmt: skip
+    def evaluate(
+        self,
+        steady: Steady,
+        never: NeverReader,
+        running: list[str],
+        code: int,
+        stop_s: float,
+        died: str | None,
+        rss_before_stop: int,
+    ) -> dict[str, Any]:
         m = self.last_metrics
         problems: list[str] = []
         if died:
@@ -655,8 +736,11 @@ class Soak:
             sl = steady.streams.get(sid, StreamLog())
             kind = self.kinds.get(sid, "?")
             published = int(metric(m, "stream_frames_total", stream=sid))
-            drops = {lab["reason"]: int(v) for n, lab, v in (m or []) if n == "stream_dropped_frames_total"
-                     and lab.get("stream") == sid and v}  # fmt: skip
+            drops = {
+                lab["reason"]: int(v)
+                for n, lab, v in (m or [])
+                if n == "stream_dropped_frames_total" and lab.get("stream") == sid and v
+            }
             reconnects = int(metric(m, "stream_reconnects_total", stream=sid))
             frames_in = (sl.last + 1) if sl.last is not None else 0
             dropped = sum(drops.values())
@@ -665,10 +749,22 @@ class Soak:
             else:
                 lost = sl.holes + (sl.first or 0)
             end = "-" if sl.end is None else ("eos" if sl.end["type"] == "eos" else "failed")
-            rows.append({"stream": sid, "kind": kind, "frames_in": frames_in, "published": published,
-                         "received": sl.frames, "dropped": drops, "reconnects": reconnects, "lost": lost,
-                         "disorder": sl.disorder, "seq_gaps": steady.gaps.dropped.get(sid, 0), "end": end,
-                         "error": (sl.end or {}).get("error")})  # fmt: skip
+            rows.append(
+                {
+                    "stream": sid,
+                    "kind": kind,
+                    "frames_in": frames_in,
+                    "published": published,
+                    "received": sl.frames,
+                    "dropped": drops,
+                    "reconnects": reconnects,
+                    "lost": lost,
+                    "disorder": sl.disorder,
+                    "seq_gaps": steady.gaps.dropped.get(sid, 0),
+                    "end": end,
+                    "error": (sl.end or {}).get("error"),
+                }
+            )
             if lost or sl.disorder:
                 problems.append(f"{sid}: {lost} frames lost, {sl.disorder} out of order")
             if published != sl.frames:
@@ -682,8 +778,9 @@ class Soak:
             if sl.after_end:
                 problems.append(f"{sid}: {sl.after_end} messages after its end")
         if steady.gaps.total:
-            problems.append(f"the steady subscriber missed {steady.gaps.total} messages (seq gaps): "
-                            f"{steady.gaps.dropped}")
+            problems.append(
+                f"the steady subscriber missed {steady.gaps.total} messages (seq gaps): {steady.gaps.dropped}"
+            )
         if steady.errors:
             problems.append(f"{len(steady.errors)} undecodable messages: {steady.errors[:3]}")
         expect_code = 1 if self.expect_fail else 0
@@ -695,58 +792,84 @@ class Soak:
         nf = self.fault("subscriber that does not read")
         missed = never.gaps.total
         ends = set(running) & never.ends
-        nf.notes.append(f"missed {missed} of {missed + sum(never.gaps.received.values())} messages (seq gaps); "
-                        f"after reading again got the eos of {len(ends)} of the {len(running)} streams running at "
-                        f"the stop")  # fmt: skip
+        nf.notes.append(
+            f"missed {missed} of {missed + sum(never.gaps.received.values())} messages (seq gaps); "
+            f"after reading again got the eos of {len(ends)} of the {len(running)} streams running at "
+            f"the stop"
+        )
         if not missed:
-            nf.notes.append(f"no drop: the run sent too few messages to fill its TCP buffers (about 2,000 messages "
-                            f"on loopback) and its ZeroMQ queue ({self.args.hwm})")  # fmt: skip
+            nf.notes.append(
+                f"no drop: the run sent too few messages to fill its TCP buffers (about 2,000 messages "
+                f"on loopback) and its ZeroMQ queue ({self.args.hwm})"
+            )
         if stop_s < 30 and not steady.gaps.total and set(running) <= never.ends:
             nf.survived += 1
         for f in self.faults.values():
             if f.survived < f.injected:
                 problems.append(f"fault not survived: {f.name} ({f.survived} of {f.injected}): {'; '.join(f.notes)}")
         return {
-            "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([Path(sys.executable).name, "bench/soak.py", *sys.argv[1:]]),
             "daemon": " ".join(["stream", *self.cmd[3:]]),
             "machine": {"nproc": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-            "minutes": self.args.minutes, "device": self.args.device, "exit_status": code, "stop_s": round(stop_s, 1),
+            "minutes": self.args.minutes,
+            "device": self.args.device,
+            "exit_status": code,
+            "stop_s": round(stop_s, 1),
             "streams": rows,
-            "never_reader": {"missed": missed, "received": sum(never.gaps.received.values()),
-                             "ends": sorted(never.ends)},
+            "never_reader": {
+                "missed": missed,
+                "received": sum(never.gaps.received.values()),
+                "ends": sorted(never.ends),
+            },
             "steady": {"messages": steady.count, "seq_gaps": steady.gaps.total},
-            "faults": [{"fault": f.name, "injected": f.injected, "survived": f.survived, "notes": f.notes}
-                       for f in self.faults.values()],
-            "memory": {"rss_warm_kb": self.warm_rss, "rss_peak_kb": max(self.peak_rss, self.peak_hwm),
-                       "rss_before_stop_kb": rss_before_stop, "gpu_warm_mib": self.warm_gpu, "gpu_peak_mib": self.peak_gpu,
-                       "gpu_final_mib": self.final_gpu, "gpu_gauge_peak_bytes": self.peak_gpu_gauge or None},
+            "faults": [
+                {"fault": f.name, "injected": f.injected, "survived": f.survived, "notes": f.notes}
+                for f in self.faults.values()
+            ],
+            "memory": {
+                "rss_warm_kb": self.warm_rss,
+                "rss_peak_kb": max(self.peak_rss, self.peak_hwm),
+                "rss_before_stop_kb": rss_before_stop,
+                "gpu_warm_mib": self.warm_gpu,
+                "gpu_peak_mib": self.peak_gpu,
+                "gpu_final_mib": self.final_gpu,
+                "gpu_gauge_peak_bytes": self.peak_gpu_gauge or None,
+            },
             "samples": self.samples,
             "problems": problems,
             "ok": not problems,
-        }  # fmt: skip
+        }
 
 
 def render(r: dict[str, Any]) -> str:
     """The one table, as Markdown (readable on a terminal and pasted into bench/RESULTS.md as it is)."""
-    out = ["| stream | kind | frames in | published | received | dropped (reason) | reconnects | lost | seq gaps "
-           "| end |", "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |"]  # fmt: skip
+    out = [
+        "| stream | kind | frames in | published | received | dropped (reason) | reconnects | lost | seq gaps | end |",
+        "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- |",
+    ]
     tot = {"frames_in": 0, "published": 0, "received": 0, "reconnects": 0, "lost": 0, "seq_gaps": 0, "dropped": 0}
     for s in r["streams"]:
         drops = ", ".join(f"{k} {v}" for k, v in sorted(s["dropped"].items())) or "0"
         end = s["end"] if s["end"] != "failed" else f"failed: {(s['error'] or '')[:70]}"
-        out.append(f"| {s['stream']} | {s['kind']} | {s['frames_in']} | {s['published']} | {s['received']} | {drops} "
-                   f"| {s['reconnects']} | {s['lost']} | {s['seq_gaps']} | {end} |")  # fmt: skip
+        out.append(
+            f"| {s['stream']} | {s['kind']} | {s['frames_in']} | {s['published']} | {s['received']} | {drops} "
+            f"| {s['reconnects']} | {s['lost']} | {s['seq_gaps']} | {end} |"
+        )
         for k in tot:
             tot[k] += sum(s["dropped"].values()) if k == "dropped" else s[k]
-    out.append(f"| **all** | | {tot['frames_in']} | {tot['published']} | {tot['received']} | {tot['dropped']} "
-               f"| {tot['reconnects']} | {tot['lost']} | {tot['seq_gaps']} | |")  # fmt: skip
+    out.append(
+        f"| **all** | | {tot['frames_in']} | {tot['published']} | {tot['received']} | {tot['dropped']} "
+        f"| {tot['reconnects']} | {tot['lost']} | {tot['seq_gaps']} | |"
+    )
     nr = r["never_reader"]
     out.append("")
-    out.append(f"Subscriber that does not read (RCVHWM 1, reads from 88% of the run on): missed {nr['missed']} "
-               f"messages, dropped by ZeroMQ for it alone (`publish_hwm`) and counted from the `seq` gaps; "
-               f"received {nr['received']}. Steady subscriber: {r['steady']['messages']} messages, "
-               f"{r['steady']['seq_gaps']} seq gaps.")  # fmt: skip
+    out.append(
+        f"Subscriber that does not read (RCVHWM 1, reads from 88% of the run on): missed {nr['missed']} "
+        f"messages, dropped by ZeroMQ for it alone (`publish_hwm`) and counted from the `seq` gaps; "
+        f"received {nr['received']}. Steady subscriber: {r['steady']['messages']} messages, "
+        f"{r['steady']['seq_gaps']} seq gaps."
+    )
     out.append("")
     out.append("| fault | injected | survived | notes |")
     out.append("| --- | ---: | ---: | --- |")
@@ -760,31 +883,46 @@ def render(r: dict[str, Any]) -> str:
     gpu = ""
     if mem["gpu_peak_mib"] is not None or mem["gpu_gauge_peak_bytes"]:
         gauge = mem["gpu_gauge_peak_bytes"]
-        gpu = (f"; GPU (nvidia-smi, this process) after warm-up {mem.get('gpu_warm_mib')} MiB, peak {mem['gpu_peak_mib']} MiB, "
-               f"final {mem['gpu_final_mib']} MiB")
+        gpu = (
+            f"; GPU (nvidia-smi, this process) after warm-up {mem.get('gpu_warm_mib')} MiB, peak {mem['gpu_peak_mib']} MiB, "
+            f"final {mem['gpu_final_mib']} MiB"
+        )
         if gauge:
             gpu += f"; stream_gpu_memory_bytes peak {gauge / 2**20:.0f} MiB"
     out.append("")
-    out.append(f"Memory (daemon RSS): after warm-up {mib(mem['rss_warm_kb'])}, peak {mib(mem['rss_peak_kb'])}, "
-               f"final (before SIGTERM) {mib(mem['rss_before_stop_kb'])}{gpu}. "
-               f"Stop: exit status {r['exit_status']} {r['stop_s']} s after SIGTERM.")  # fmt: skip
+    out.append(
+        f"Memory (daemon RSS): after warm-up {mib(mem['rss_warm_kb'])}, peak {mib(mem['rss_peak_kb'])}, "
+        f"final (before SIGTERM) {mib(mem['rss_before_stop_kb'])}{gpu}. "
+        f"Stop: exit status {r['exit_status']} {r['stop_s']} s after SIGTERM."
+    )
     out.append("")
-    out.append("Result: " + ("PASS: nothing lost beyond counted drops, every fault survived" if r["ok"]
-                             else "FAIL:\n- " + "\n- ".join(r["problems"])))  # fmt: skip
+    out.append(
+        "Result: "
+        + (
+            "PASS: nothing lost beyond counted drops, every fault survived"
+            if r["ok"]
+            else "FAIL:\n- " + "\n- ".join(r["problems"])
+        )
+    )
     return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--minutes", type=float, default=10.0, help="how long the soak runs (default 10)")
     ap.add_argument("--files", type=int, default=4, help="file streams, looped (default 4)")
     ap.add_argument("--live", type=int, default=1, help="live feeds from the RTSP test server (default 1)")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--model", help="ONNX model for the daemon (default: the shipped small model)")
     ap.add_argument("--size", type=int, nargs=2, default=(320, 240), metavar=("W", "H"), help="test videos' size")
-    ap.add_argument("--live-kind", choices=("auto", "rtsp", "paced"), default="auto",
-                    help="live feeds from GStreamer's RTSP server, or paced MPEG-TS over TCP (auto: RTSP when installed)")
+    ap.add_argument(
+        "--live-kind",
+        choices=("auto", "rtsp", "paced"),
+        default="auto",
+        help="live feeds from GStreamer's RTSP server, or paced MPEG-TS over TCP (auto: RTSP when installed)",
+    )
     ap.add_argument("--json", metavar="OUT", help="also write the results as JSON")
     ap.add_argument("--hwm", type=int, default=1000, help="publish_hwm of the daemon (default 1000)")
     ap.add_argument("--churn", type=int, default=50, help="subscribers per churn burst (3 bursts; default 50)")
@@ -792,11 +930,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-annotate", action="store_true", help="skip the annotate fault even where --annotate exists")
     ap.add_argument("--workdir", help="scratch folder (default: a new temporary one, removed unless --keep)")
     ap.add_argument("--keep", action="store_true", help="keep the scratch folder (videos, config, daemon.log)")
-    ap.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
-                    help="the daemon's log level (debug adds each looped pass's and DALI pipeline's timing)")
+    ap.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning"),
+        default="info",
+        help="the daemon's log level (debug adds each looped pass's and DALI pipeline's timing)",
+    )
     ap.add_argument("--daemon-log", metavar="FILE", help="copy the daemon's log (stderr and stdout) here at the end")
-    ap.add_argument("--stacks", type=int, default=0, metavar="N",
-                    help="send the daemon SIGUSR1 N times, spread over the run: every thread's stack in its log")
+    ap.add_argument(
+        "--stacks",
+        type=int,
+        default=0,
+        metavar="N",
+        help="send the daemon SIGUSR1 N times, spread over the run: every thread's stack in its log",
+    )
     args = ap.parse_args(argv)
     soak = Soak(args)
     try:

@@ -50,15 +50,15 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stream import config
+from stream.core.frames import Batch  # noqa: E402
 from stream.core.runner import Runner  # noqa: E402
 from stream.engines.device import make_engine  # noqa: E402
-from stream.sources.registry import make_one_pass  # noqa: E402
-from stream.sources.pyav import probe  # noqa: E402
-from stream.core.frames import Batch  # noqa: E402
 from stream.engines.model import ModelInfo, default_model_path, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
-from stream.tools.sample import make_sample_video  # noqa: E402
 from stream.sources.naming import Source  # noqa: E402
+from stream.sources.pyav import probe  # noqa: E402
+from stream.sources.registry import make_one_pass  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
 
 TARGET_BUFFERS = 1.4  # 2 buffers against 1, end to end
 TARGET_E2E = 0.90  # end to end against inference only, same buffers
@@ -215,8 +215,14 @@ class Drain:
 
 
 async def end_to_end(
-    cfg: config.Config, info: ModelInfo, engine: Any, pub: Publisher, paths: list[Path], seconds: float,
-    startup_s: float, tag: str,
+    cfg: config.Config,
+    info: ModelInfo,
+    engine: Any,
+    pub: Publisher,
+    paths: list[Path],
+    seconds: float,
+    startup_s: float,
+    tag: str,
 ) -> dict[str, Any]:
     stamps: list[float] = []
     first: dict[str, float] = {}
@@ -307,8 +313,9 @@ def summarize(res: dict[str, Any]) -> dict[str, Any]:
     r2 = out.get("e2e_2buf_over_1buf")
     out["target_buffers"] = {
         "what": f"end to end, {bs} streams: 2 buffers >= {TARGET_BUFFERS}x 1 buffer",
-        "value": r2, "status": mark(None if cpu or r2 is None else r2 >= TARGET_BUFFERS),
-    }  # fmt: skip
+        "value": r2,
+        "status": mark(None if cpu or r2 is None else r2 >= TARGET_BUFFERS),
+    }
     sb = res["args"]["sweep_buffers"]
     e2e = [p for p in pts if p["buffers"] == sb and "e2e_over_inference" in p]
     best = max(e2e, key=lambda p: p["e2e_over_inference"], default=None)
@@ -336,8 +343,10 @@ def table(res: dict[str, Any]) -> str:
         ceiling = "-" if c is None else f"{c['images_per_s']:.1f} ({' / '.join(f'{x:.1f}' for x in c['runs'])})"
         ratio = "-" if r is None else f"{r:.2f} {mark(r >= TARGET_E2E)}"
         window = f"{p['window_s']:.1f}" + ("" if p["window_closed_by"] == "time" else " (end of file)")
-        lines.append(f"| {p['buffers']} ({p['engine_buffers']}) | {p['streams']} | {ceiling} | {p['fps']:.1f} | "
-                     f"{ratio} | {window} |")  # fmt: skip
+        lines.append(
+            f"| {p['buffers']} ({p['engine_buffers']}) | {p['streams']} | {ceiling} | {p['fps']:.1f} | "
+            f"{ratio} | {window} |"
+        )
     s = res.get("summary", {})
     lines.append("")
     for what, key in (("end to end", "e2e"), ("inference only", "inference")):
@@ -354,11 +363,15 @@ def table(res: dict[str, Any]) -> str:
         lines.append(f"- target {te['what']}: {v} **{te['status']}**; best {bv} **{te['best_status']}**")
     shaky = [f"{b} buffers ({v['spread']:.0%})" for b, v in sorted(res["ceiling"].items()) if v.get("spread", 0) > 0.1]
     if shaky:
-        lines.append("- the inference-only ceiling moved by more than 10% between its two runs (before and after the "
-                     "end-to-end points) at " + ", ".join(shaky) + ": the machine's load changed; ratios are rough")
+        lines.append(
+            "- the inference-only ceiling moved by more than 10% between its two runs (before and after the "
+            "end-to-end points) at " + ", ".join(shaky) + ": the machine's load changed; ratios are rough"
+        )
     if res["device"] == "cpu":
-        lines.append("- cpu: the CPU engine runs one ONNX Runtime session whatever `buffers` says (engine buffers in "
-                     "parentheses); the buffers sweep changes only the decode pools, the buffers target is n/a here")
+        lines.append(
+            "- cpu: the CPU engine runs one ONNX Runtime session whatever `buffers` says (engine buffers in "
+            "parentheses); the buffers sweep changes only the decode pools, the buffers target is n/a here"
+        )
     return "\n".join(lines)
 
 
@@ -369,8 +382,9 @@ def plot(res: dict[str, Any], path: Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print(f"warning: matplotlib is not installed (pip install '.[bench]'): no plot written to {path}",
-              file=sys.stderr)
+        print(
+            f"warning: matplotlib is not installed (pip install '.[bench]'): no plot written to {path}", file=sys.stderr
+        )
         return
     ceil = {int(k): v["images_per_s"] for k, v in res["ceiling"].items()}
     a = res["args"]
@@ -388,16 +402,19 @@ def plot(res: dict[str, Any], path: Path) -> None:
     left.set_xlabel("streams")
     left.set_ylabel("aggregate frames/s")
     left.set_title("fps against streams")
-    bufs = sorted((p for p in res["points"] if p["streams"] == a["buffers_streams"] and p["buffers"] in a["buffers"]),
-                  key=lambda p: p["buffers"])  # fmt: skip
+    bufs = sorted(
+        (p for p in res["points"] if p["streams"] == a["buffers_streams"] and p["buffers"] in a["buffers"]),
+        key=lambda p: p["buffers"],
+    )
     if bufs:
         xs = [p["buffers"] for p in bufs]
         right.plot(xs, [p["fps"] for p in bufs], "o-", label=f"end to end, {a['buffers_streams']} streams")
         cx = sorted(b for b in ceil if b in xs)
         right.plot(cx, [ceil[b] for b in cx], "s--", color="k", label="inference only (ceiling)")
         runs = [res["ceiling"][str(b)]["runs"] for b in cx]
-        right.fill_between(cx, [min(r) for r in runs], [max(r) for r in runs], color="k", alpha=0.1,
-                           label="ceiling, before / after")
+        right.fill_between(
+            cx, [min(r) for r in runs], [max(r) for r in runs], color="k", alpha=0.1, label="ceiling, before / after"
+        )
         right.set_xticks(xs, [str(x) for x in xs])
     right.set_xlabel("inference buffers")
     right.set_title("fps against buffers")
@@ -430,8 +447,17 @@ async def measure(a: argparse.Namespace, res: dict[str, Any], video: Path, warm:
     batches: list[Batch] | None = None
     try:
         for b in sorted(plan):
-            cfg = config.load(None, {"device": a.device, "device_id": a.device_id, "model": str(model), "buffers": b,
-                                     "progress": "off", **overrides})  # fmt: skip
+            cfg = config.load(
+                None,
+                {
+                    "device": a.device,
+                    "device_id": a.device_id,
+                    "model": str(model),
+                    "buffers": b,
+                    "progress": "off",
+                    **overrides,
+                },
+            )
             t = time.perf_counter()
             engine = await asyncio.to_thread(make_engine, a.device, info, cfg)
             try:
@@ -443,20 +469,29 @@ async def measure(a: argparse.Namespace, res: dict[str, Any], video: Path, warm:
                     batches = await asyncio.to_thread(premade_batches, video, info, a.device, cfg, a.ceiling_batches)
                 before = await asyncio.to_thread(inference_only, engine, batches, engine.buffers, a.infer_seconds)
                 ceil: dict[str, Any]
-                res["ceiling"][str(b)] = ceil = {**before, "runs": [before["images_per_s"]],
-                                                 "engine_buffers": engine.buffers, "engine_s": made}  # fmt: skip
-                print(f"buffers {b} (engine {engine.buffers}): inference only {before['images_per_s']:.1f} img/s "
-                      f"({before['images']} images, {before['threads']} threads, {before['seconds']:.1f} s)",
-                      flush=True)
+                res["ceiling"][str(b)] = ceil = {
+                    **before,
+                    "runs": [before["images_per_s"]],
+                    "engine_buffers": engine.buffers,
+                    "engine_s": made,
+                }
+                print(
+                    f"buffers {b} (engine {engine.buffers}): inference only {before['images_per_s']:.1f} img/s "
+                    f"({before['images']} images, {before['threads']} threads, {before['seconds']:.1f} s)",
+                    flush=True,
+                )
                 for n in sorted(set(plan[b])):
                     paths = stream_paths(video, tmp / "streams", n)
                     got = drain.received
                     p = await end_to_end(cfg, info, engine, pub, paths, a.seconds, a.startup_timeout, f"b{b}n{n}")
                     p.update(buffers=b, engine_buffers=engine.buffers, received=drain.settle() - got)
                     res["points"].append(p)
-                    print(f"buffers {b}, {n:2d} streams: end to end {p['fps']:.1f} fps ({p['frames']} frames in "
-                          f"{p['window_s']:.1f} s, closed by {p['window_closed_by']}; start-up {p['startup_s']:.1f} s; "
-                          f"subscriber got {p['received']} of {p['published']}+{n} eos)", flush=True)
+                    print(
+                        f"buffers {b}, {n:2d} streams: end to end {p['fps']:.1f} fps ({p['frames']} frames in "
+                        f"{p['window_s']:.1f} s, closed by {p['window_closed_by']}; start-up {p['startup_s']:.1f} s; "
+                        f"subscriber got {p['received']} of {p['published']}+{n} eos)",
+                        flush=True,
+                    )
                     res["summary"] = summarize(res)
                     if a.json:
                         a.json.write_text(json.dumps(res, indent=1))
@@ -465,8 +500,11 @@ async def measure(a: argparse.Namespace, res: dict[str, Any], video: Path, warm:
                 ceil["runs"].append(after["images_per_s"])
                 ceil["images_per_s"] = float(np.mean(ceil["runs"]))
                 ceil["spread"] = (max(ceil["runs"]) - min(ceil["runs"])) / ceil["images_per_s"]
-                print(f"buffers {b} (engine {engine.buffers}): inference only again {after['images_per_s']:.1f} img/s; "
-                      f"mean {ceil['images_per_s']:.1f}", flush=True)  # fmt: skip
+                print(
+                    f"buffers {b} (engine {engine.buffers}): inference only again {after['images_per_s']:.1f} img/s; "
+                    f"mean {ceil['images_per_s']:.1f}",
+                    flush=True,
+                )
                 res["summary"] = summarize(res)
                 if a.json:
                     a.json.write_text(json.dumps(res, indent=1))
@@ -482,21 +520,33 @@ def main() -> None:
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--device-id", type=int, default=0)
     ap.add_argument("--model", type=Path, default=None, help="ONNX model (default: the shipped small model)")
-    ap.add_argument("--video", type=Path, default=None,
-                    help="default: a generated H.264 sample of --size and --video-seconds")
+    ap.add_argument(
+        "--video", type=Path, default=None, help="default: a generated H.264 sample of --size and --video-seconds"
+    )
     ap.add_argument("--size", type=int, nargs=2, default=(640, 360), metavar=("W", "H"))
     ap.add_argument("--video-seconds", type=float, default=10.0, help="length of the generated video (30 fps)")
     ap.add_argument("--streams", type=int, nargs="+", default=[1, 4, 16, 32], help="stream counts of the sweep")
-    ap.add_argument("--sweep-buffers", type=int, default=config.Config.buffers, help="buffers of the streams sweep (default: the daemon's)")
+    ap.add_argument(
+        "--sweep-buffers",
+        type=int,
+        default=config.Config.buffers,
+        help="buffers of the streams sweep (default: the daemon's)",
+    )
     ap.add_argument("--buffers", type=int, nargs="+", default=[1, 2, 3], help="buffers of the buffers sweep")
     ap.add_argument("--buffers-streams", type=int, default=4, help="streams of the buffers sweep")
     ap.add_argument("--seconds", type=float, default=5.0, help="longest steady window of an end-to-end point")
-    ap.add_argument("--infer-seconds", type=float, default=3.0,
-                    help="seconds of each inference-only run (two per buffers value)")
-    ap.add_argument("--ceiling-batches", type=int, default=8,
-                    help="pre-made batches the inference-only loop cycles over")
-    ap.add_argument("--startup-timeout", type=float, default=120.0,
-                    help="give up when not every stream has published a frame by then")
+    ap.add_argument(
+        "--infer-seconds", type=float, default=3.0, help="seconds of each inference-only run (two per buffers value)"
+    )
+    ap.add_argument(
+        "--ceiling-batches", type=int, default=8, help="pre-made batches the inference-only loop cycles over"
+    )
+    ap.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=120.0,
+        help="give up when not every stream has published a frame by then",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: fps against streams and against buffers")
@@ -505,8 +555,9 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="stream-streams-"))
     try:
-        video = a.video or make_sample_video(tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=30,
-                                             seconds=a.video_seconds)  # fmt: skip
+        video = a.video or make_sample_video(
+            tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=30, seconds=a.video_seconds
+        )
         vi = probe(Source("bench", str(video)))
         warm = make_sample_video(tmp / "warm.mp4", width=vi.width, height=vi.height, fps=30, seconds=1.0)
         model = a.model or default_model_path()
@@ -519,17 +570,27 @@ def main() -> None:
             "date": time.strftime("%Y-%m-%d"),
             "model": describe(model, info),
             "video": f"{video.name} ({vi.width}x{vi.height} {vi.codec}, {vi.frames_declared} frames)",
-            "args": {"streams": a.streams, "buffers": a.buffers, "sweep_buffers": a.sweep_buffers,
-                     "buffers_streams": a.buffers_streams, "seconds": a.seconds, "infer_seconds": a.infer_seconds,
-                     "ceiling_batches": a.ceiling_batches, "set": a.set},
+            "args": {
+                "streams": a.streams,
+                "buffers": a.buffers,
+                "sweep_buffers": a.sweep_buffers,
+                "buffers_streams": a.buffers_streams,
+                "seconds": a.seconds,
+                "infer_seconds": a.infer_seconds,
+                "ceiling_batches": a.ceiling_batches,
+                "set": a.set,
+            },
             "command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "ceiling": {},
             "points": [],
-        }  # fmt: skip
+        }
         print(f"{a.device}: {res['model']}; video {res['video']}; {os.cpu_count()} CPUs", flush=True)
         if a.device == "cpu":
-            print("note: on the CPU the engine has 1 buffer whatever --buffers says (one ONNX Runtime session); "
-                  "the buffers sweep runs anyway", flush=True)  # fmt: skip
+            print(
+                "note: on the CPU the engine has 1 buffer whatever --buffers says (one ONNX Runtime session); "
+                "the buffers sweep runs anyway",
+                flush=True,
+            )
         asyncio.run(measure(a, res, video, warm, tmp))
         res["summary"] = summarize(res)
         print()

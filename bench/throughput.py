@@ -31,8 +31,8 @@ from stream.core.runner import Runner  # noqa: E402
 from stream.engines.device import make_engine  # noqa: E402
 from stream.engines.model import default_model_path, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
-from stream.tools.sample import make_sample_video  # noqa: E402
 from stream.sources.naming import Source  # noqa: E402
+from stream.tools.sample import make_sample_video  # noqa: E402
 
 
 def naive_loop(video: Path, model: Path, device: str, frames: int, warmup: int = 5) -> float:
@@ -71,7 +71,11 @@ async def _ours(cfg: config.Config, warm: Path, video: Path) -> tuple[float, int
         await Runner(cfg, [Source("warm", str(warm))], info, engine, pub).run()
         stamps: list[float] = []
         runner = Runner(
-            cfg, [Source("bench", str(video))], info, engine, pub,
+            cfg,
+            [Source("bench", str(video))],
+            info,
+            engine,
+            pub,
             progress=lambda s, n, e: stamps.append(time.perf_counter()) if n else None,
         )
         t0 = time.perf_counter()
@@ -91,7 +95,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--model", type=Path, default=None, help="model for our pipeline (default: shipped small model)")
-    ap.add_argument("--naive-model", type=Path, default=None, help="batch-1 model for the naive loop (default: --model)")
+    ap.add_argument(
+        "--naive-model", type=Path, default=None, help="batch-1 model for the naive loop (default: --model)"
+    )
     ap.add_argument("--video", type=Path, default=None, help="default: a generated H.264 video of --size and --frames")
     ap.add_argument("--size", type=int, nargs=2, default=(640, 360), metavar=("W", "H"))
     ap.add_argument("--frames", type=int, default=300, help="frames of the generated video")
@@ -102,13 +108,17 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="stream-bench-"))
     fps = 30
-    video = a.video or make_sample_video(tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=a.frames / fps)
+    video = a.video or make_sample_video(
+        tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=a.frames / fps
+    )
     warm = make_sample_video(tmp / "warm.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=1.0)
     model = a.model or default_model_path()
     naive_model = a.naive_model or model
     if a.naive_model is None and load_info(model).batch != 1:
         if a.model is not None:
-            raise SystemExit(f"{model} has batch {load_info(model).batch}: give the naive loop a batch-1 model (--naive-model)")
+            raise SystemExit(
+                f"{model} has batch {load_info(model).batch}: give the naive loop a batch-1 model (--naive-model)"
+            )
         naive_model = default_model_path().with_name("retinanet_tiny_b1.onnx")  # same weights, batch 1
     cfg = config.load(None, {"device": a.device, "model": str(model), "buffers": a.buffers, "progress": "off"})
 

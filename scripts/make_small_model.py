@@ -28,8 +28,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from stream.tools.export import export_model  # noqa: E402
 from stream.engines.model import load_info  # noqa: E402
+from stream.tools.export import export_model  # noqa: E402
 from stream.tools.sample import dark_frames, make_sample_video  # noqa: E402
 
 SCORE_THRESH = 0.45
@@ -89,8 +89,16 @@ def check(counts: list[int], dark: range) -> list[str]:
 
 def sweep(thresholds: list[float], frames: np.ndarray, args: argparse.Namespace, tmp: Path) -> None:
     """Counts per frame for each threshold, from one export at the lowest (NMS keeps the same boxes above t)."""
-    path = export_model(tmp / "sweep.onnx", arch="retinanet_tiny", weights="random", input_size=tuple(args.input_size),
-                        batch=args.batch, score_thresh=min(thresholds), max_detections=1000, seed=args.seed)  # fmt: skip
+    path = export_model(
+        tmp / "sweep.onnx",
+        arch="retinanet_tiny",
+        weights="random",
+        input_size=tuple(args.input_size),
+        batch=args.batch,
+        score_thresh=min(thresholds),
+        max_detections=1000,
+        seed=args.seed,
+    )
     per_frame, _ = run_model(path, frames)
     print("max score per frame:", " ".join(f"{s.max() if len(s) else 0:.3f}" for s in per_frame))
     for t in sorted(thresholds):
@@ -105,7 +113,9 @@ def main() -> int:
     parser.add_argument("--input-size", type=int, nargs=2, default=[320, 320], metavar=("H", "W"))
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--sweep", type=float, nargs="+", metavar="T", help="print counts for these thresholds, write nothing")
+    parser.add_argument(
+        "--sweep", type=float, nargs="+", metavar="T", help="print counts for these thresholds, write nothing"
+    )
     args = parser.parse_args()
 
     height, width = args.input_size
@@ -116,18 +126,32 @@ def main() -> int:
             sweep(args.sweep, frames, args, tmp)
             return 0
     t0 = time.perf_counter()
-    path = export_model(args.output, arch="retinanet_tiny", weights="random", input_size=(height, width),
-                        batch=args.batch, score_thresh=args.score_thresh, max_detections=MAX_DETECTIONS, seed=args.seed)  # fmt: skip
+    path = export_model(
+        args.output,
+        arch="retinanet_tiny",
+        weights="random",
+        input_size=(height, width),
+        batch=args.batch,
+        score_thresh=args.score_thresh,
+        max_detections=MAX_DETECTIONS,
+        seed=args.seed,
+    )
     export_s = time.perf_counter() - t0
     info = load_info(path)
     per_frame, times_ms = run_model(path, frames)
 
     counts = [len(s) for s in per_frame]
-    print(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB) in {export_s:.1f} s: {info.architecture}, input "
-          f"[{info.batch},3,{info.height},{info.width}] {info.dtype}, score_thresh {info.score_thresh}")  # fmt: skip
-    print(f"CPU time per batch of {info.batch}: median {statistics.median(times_ms):.1f} ms, "
-          f"min {min(times_ms):.1f} ms, max {max(times_ms):.1f} ms over {len(times_ms)} batches")  # fmt: skip
-    print(f"detections per frame ({len(counts)} frames, dark frames {dark_frames().start}-{dark_frames().stop - 1}):\n  {counts}")
+    print(
+        f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB) in {export_s:.1f} s: {info.architecture}, input "
+        f"[{info.batch},3,{info.height},{info.width}] {info.dtype}, score_thresh {info.score_thresh}"
+    )
+    print(
+        f"CPU time per batch of {info.batch}: median {statistics.median(times_ms):.1f} ms, "
+        f"min {min(times_ms):.1f} ms, max {max(times_ms):.1f} ms over {len(times_ms)} batches"
+    )
+    print(
+        f"detections per frame ({len(counts)} frames, dark frames {dark_frames().start}-{dark_frames().stop - 1}):\n  {counts}"
+    )
     print(f"histogram: {histogram(counts)}")
     print("counts:", dict(sorted(collections.Counter(counts).items())))
     problems = check(counts, dark_frames())

@@ -1,8 +1,8 @@
 """stream: video feeds to a live ZeroMQ feed of object detections, on NVIDIA GPUs and on the CPU.
 
-    from stream import Pipeline
-    for msg in Pipeline(sources=["video.mp4"]):
-        ...
+from stream import Pipeline
+for msg in Pipeline(sources=["video.mp4"]):
+    ...
 """
 
 from typing import TYPE_CHECKING

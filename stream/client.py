@@ -116,8 +116,14 @@ class Discovery:
         try:
             now = self.endpoints()
         except OSError as exc:  # socket.gaierror included
-            log.warning("discover %s: cannot resolve %s (%s); keeping %d connections, retrying in %g s",
-                        self.target, self.host, exc, len(self.connected), self.interval_s)  # fmt: skip
+            log.warning(
+                "discover %s: cannot resolve %s (%s); keeping %d connections, retrying in %g s",
+                self.target,
+                self.host,
+                exc,
+                len(self.connected),
+                self.interval_s,
+            )
             return
         for ep in sorted(now - self.connected):
             sock.connect(ep)

@@ -113,8 +113,9 @@ def check_sources(items: Any, origin: str) -> tuple[SourceSpec, ...]:
         elif isinstance(item, dict):
             unknown = set(item) - set(SOURCE_KEYS)
             if unknown:
-                raise ConfigError(f"unknown key {min(unknown)!r} in sources[{i}] in {origin}; "
-                                  f"known keys: {', '.join(SOURCE_KEYS)}")  # fmt: skip
+                raise ConfigError(
+                    f"unknown key {min(unknown)!r} in sources[{i}] in {origin}; known keys: {', '.join(SOURCE_KEYS)}"
+                )
             if not isinstance(item.get("path"), str) or not item["path"]:
                 raise ConfigError(f"sources[{i}] in {origin} needs a 'path' string")
             sid = item.get("id")
@@ -140,8 +141,9 @@ def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
     if not isinstance(value, (list, tuple)):
         raise ConfigError(f"{where} must be a list; {_DEVICES_HINT}; got {value!r}")
     if not value:
-        raise ConfigError(f"{where} is empty: name at least one device; {_DEVICES_HINT}; leave it out for one "
-                          f"worker in this process")  # fmt: skip
+        raise ConfigError(
+            f"{where} is empty: name at least one device; {_DEVICES_HINT}; leave it out for one worker in this process"
+        )
     out: list[int | str] = []
     for v in value:
         if isinstance(v, str) and v.strip().lower() == "cpu":
@@ -153,10 +155,11 @@ def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
                 raise ConfigError(f"{where}: {v} is not a CUDA device index (0-64); {_DEVICES_HINT}")
             out.append(v)
         else:
-            raise ConfigError(f"{where}: {v!r} is neither a CUDA device index nor \"cpu\"; {_DEVICES_HINT}")
+            raise ConfigError(f'{where}: {v!r} is neither a CUDA device index nor "cpu"; {_DEVICES_HINT}')
     if "cpu" in out and any(isinstance(v, int) for v in out):
-        raise ConfigError(f"{where} mixes \"cpu\" and CUDA indexes ({value!r}); all workers run on one kind of "
-                          f"device; {_DEVICES_HINT}")  # fmt: skip
+        raise ConfigError(
+            f'{where} mixes "cpu" and CUDA indexes ({value!r}); all workers run on one kind of device; {_DEVICES_HINT}'
+        )
     return tuple(out)
 
 
@@ -217,139 +220,247 @@ def _key(default: Any, help: str, **about: Any) -> Any:
 class Config:
     # what to run
     sources: tuple[SourceSpec, ...] = _key(
-        (), "Video files, globs, folders or URLs, each PATH or ID=PATH; a stream's id, which is also its ZeroMQ "
+        (),
+        "Video files, globs, folders or URLs, each PATH or ID=PATH; a stream's id, which is also its ZeroMQ "
         "topic, is the file's stem unless ID is given. Empty: the embedded sample video.",
-        check=check_sources, type_name="list of sources", flag=Flag(("--source",), "[ID=]PATH", repeat=True))
+        check=check_sources,
+        type_name="list of sources",
+        flag=Flag(("--source",), "[ID=]PATH", repeat=True),
+    )
     model: str | None = _key(
-        None, "ONNX model file made by `stream export-model`.",
-        unset="the small random-weight model shipped in the package", flag=Flag(("--model",), "PATH"))
+        None,
+        "ONNX model file made by `stream export-model`.",
+        unset="the small random-weight model shipped in the package",
+        flag=Flag(("--model",), "PATH"),
+    )
     device: str = _key(
-        "auto", "Where inference runs: auto takes CUDA when onnxruntime-gpu, CuPy, DALI and a GPU are all "
-        "present, else the CPU (the log says why).", choices=DEVICES, flag=Flag(("--device",)))
+        "auto",
+        "Where inference runs: auto takes CUDA when onnxruntime-gpu, CuPy, DALI and a GPU are all "
+        "present, else the CPU (the log says why).",
+        choices=DEVICES,
+        flag=Flag(("--device",)),
+    )
     device_id: int = _key(0, "CUDA device index.", bounds=(0, 64), flag=Flag(("--device-id",)))
     devices: tuple[int | str, ...] = _key(
-        (), "One worker process per entry, the streams shared out among them (least loaded), one publish endpoint "
+        (),
+        "One worker process per entry, the streams shared out among them (least loaded), one publish endpoint "
         'for all: CUDA indexes like [0, 1] (--devices 0,1; an index twice runs two workers on that GPU), or "cpu" '
         'once per CPU worker like ["cpu", "cpu"] (--devices cpu,cpu). control, metrics_port and annotate_dir need '
-        "one worker.", check=check_devices, type_name='list of CUDA indexes or "cpu"',
-        unset="one worker, in this process, on device and device_id", worker=(),
-        flag=Flag(("--devices",), "LIST", parse=device_list))
+        "one worker.",
+        check=check_devices,
+        type_name='list of CUDA indexes or "cpu"',
+        unset="one worker, in this process, on device and device_id",
+        worker=(),
+        flag=Flag(("--devices",), "LIST", parse=device_list),
+    )
     shard: str = _key(
-        "", "Take only this daemon's share of the configured streams, split among several daemons by rendezvous "
+        "",
+        "Take only this daemon's share of the configured streams, split among several daemons by rendezvous "
         'hashing of the stream ids: "I/N" is shard I (from 0) of N; "auto" takes I from the hostname\'s -I suffix '
         f"(a StatefulSet pod, NAME-I) and N from ${SHARDS_ENV}. Every shard must read the same sources. Streams "
-        '`stream ctl add` starts are not filtered. "": every stream.', check=check_shard, type_name="string",
-        worker="", flag=Flag(("--shard",), "I/N"))  # a worker is given its streams, already this shard's
+        '`stream ctl add` starts are not filtered. "": every stream.',
+        check=check_shard,
+        type_name="string",
+        worker="",
+        flag=Flag(("--shard",), "I/N"),
+    )  # a worker is given its streams, already this shard's
     # publishing
     publish: str = _key(
-        PUBLISH_ENDPOINT, "ZeroMQ endpoint the publisher binds; 127.0.0.1 keeps the feed on this machine.",
-        endpoint=PUBLISH_ENDPOINT, flag=Flag(("--publish",), "ENDPOINT"))
+        PUBLISH_ENDPOINT,
+        "ZeroMQ endpoint the publisher binds; 127.0.0.1 keeps the feed on this machine.",
+        endpoint=PUBLISH_ENDPOINT,
+        flag=Flag(("--publish",), "ENDPOINT"),
+    )
     format: str = _key(
-        "json", "Payload encoding of the messages (the same fields in both).", choices=FORMATS,
-        flag=Flag(("--format",)))
+        "json", "Payload encoding of the messages (the same fields in both).", choices=FORMATS, flag=Flag(("--format",))
+    )
     wait_subscribers: int = _key(
-        0, "Start reading only once this many subscriptions have reached the publisher, so that a batch job "
-        "loses nothing to ZeroMQ's slow joiners.", bounds=(0, 10_000), worker=0,
-        flag=Flag(("--wait-subscribers",), "N"))
+        0,
+        "Start reading only once this many subscriptions have reached the publisher, so that a batch job "
+        "loses nothing to ZeroMQ's slow joiners.",
+        bounds=(0, 10_000),
+        worker=0,
+        flag=Flag(("--wait-subscribers",), "N"),
+    )
     wait_subscribers_timeout_s: float = _key(
-        0.0, "Give up waiting for subscribers after this many seconds (exit status 2); 0: wait as long as it takes.",
-        bounds=(0, 86_400), worker=0.0)
+        0.0,
+        "Give up waiting for subscribers after this many seconds (exit status 2); 0: wait as long as it takes.",
+        bounds=(0, 86_400),
+        worker=0.0,
+    )
     publish_hwm: int = _key(
-        100_000, "Messages queued per subscriber before ZeroMQ drops for that subscriber; 0: no limit.",
-        bounds=(0, 10_000_000), worker=0)  # a worker's messages to the proxy are never dropped
+        100_000,
+        "Messages queued per subscriber before ZeroMQ drops for that subscriber; 0: no limit.",
+        bounds=(0, 10_000_000),
+        worker=0,
+    )  # a worker's messages to the proxy are never dropped
     linger_s: float = _key(10.0, "Seconds queued messages may still leave after the run ends.", bounds=(0, 3_600))
     # inference
     buffers: int = _key(
-        3, "Inference buffers on CUDA: sessions, each with its own CUDA stream and IOBinding, running at once; "
-        "each one more holds another session's GPU memory.", bounds=(1, 8), flag=Flag(("--buffers",), "N"))
+        3,
+        "Inference buffers on CUDA: sessions, each with its own CUDA stream and IOBinding, running at once; "
+        "each one more holds another session's GPU memory.",
+        bounds=(1, 8),
+        flag=Flag(("--buffers",), "N"),
+    )
     # (3: the fastest measured on the H200, bench/RESULTS.md)
     queue_batches: int = _key(
-        2, "Batches of a stream decoded ahead of publishing; bounds memory and latency.", bounds=(1, 64))
+        2, "Batches of a stream decoded ahead of publishing; bounds memory and latency.", bounds=(1, 64)
+    )
     conv_algo_search: str = _key(
-        "auto", "cuDNN's convolution algorithm choice on CUDA (ONNX Runtime's cudnn_conv_algo_search): auto takes "
+        "auto",
+        "cuDNN's convolution algorithm choice on CUDA (ONNX Runtime's cudnn_conv_algo_search): auto takes "
         "heuristic for models with a dynamic batch axis and exhaustive for fixed-batch ones. Every batch size a "
-        "run can meet is run once at start.", choices=CONV_ALGO_SEARCHES)
+        "run can meet is run once at start.",
+        choices=CONV_ALGO_SEARCHES,
+    )
     cpu_threads: int = _key(
-        0, "ONNX Runtime intra-op threads of a CPU engine; 0: every core, divided among the CPU workers when "
-        "devices names several.", bounds=(0, 1024))
+        0,
+        "ONNX Runtime intra-op threads of a CPU engine; 0: every core, divided among the CPU workers when "
+        "devices names several.",
+        bounds=(0, 1024),
+    )
     pad_partial: bool = _key(
-        True, "CUDA, dynamic-batch models: run a partial batch (a live feed's latest frames, a file's last ones) "
+        True,
+        "CUDA, dynamic-batch models: run a partial batch (a live feed's latest frames, a file's last ones) "
         "padded to the model's full batch, so that the session's input shape never changes (a changed shape cost "
-        "330-450 ms a run on the H200); false: each batch at its own size.")
+        "330-450 ms a run on the H200); false: each batch at its own size.",
+    )
     cuda_graph: str = _key(
-        "auto", "CUDA: run each inference as a CUDA graph (ONNX Runtime's enable_cuda_graph), which only a model "
+        "auto",
+        "CUDA: run each inference as a CUDA graph (ONNX Runtime's enable_cuda_graph), which only a model "
         "exported with `--postprocess device` whose batch is fixed can: auto does it where it can, on requires "
-        "it, off never.", choices=CUDA_GRAPHS)
+        "it, off never.",
+        choices=CUDA_GRAPHS,
+    )
     # how long, and what else
     duration_s: float = _key(
-        0.0, "Stop gracefully after this many seconds; 0: when every source has ended.",
-        bounds=(0, 10 * 365 * 86_400), worker=0.0, flag=Flag(("--duration",), "S"))
+        0.0,
+        "Stop gracefully after this many seconds; 0: when every source has ended.",
+        bounds=(0, 10 * 365 * 86_400),
+        worker=0.0,
+        flag=Flag(("--duration",), "S"),
+    )
     loop: bool = _key(
-        False, "Replay every file source forever, `frame` counting on (loop = true in a source's table does it "
-        "for one).", flag=Flag(("--loop",)))
+        False,
+        "Replay every file source forever, `frame` counting on (loop = true in a source's table does it for one).",
+        flag=Flag(("--loop",)),
+    )
     annotate_dir: str = _key(
-        "", "Folder to write `<stream id>.mp4` into per file stream: the video with its detections drawn (H.264, "
-        'fragmented MP4); live feeds are not annotated. "": none.', worker="", flag=Flag(("--annotate",), "DIR"))
+        "",
+        "Folder to write `<stream id>.mp4` into per file stream: the video with its detections drawn (H.264, "
+        'fragmented MP4); live feeds are not annotated. "": none.',
+        worker="",
+        flag=Flag(("--annotate",), "DIR"),
+    )
     metrics_port: int = _key(
-        0, "Serve the status page, Prometheus /metrics and /healthz on metrics_host at this port, without "
-        "authentication (anyone who reaches it sees the frames); 0: off.", bounds=(0, 65_535), worker=0,
-        flag=Flag(("--http-port", "--metrics-port"), "PORT"))
+        0,
+        "Serve the status page, Prometheus /metrics and /healthz on metrics_host at this port, without "
+        "authentication (anyone who reaches it sees the frames); 0: off.",
+        bounds=(0, 65_535),
+        worker=0,
+        flag=Flag(("--http-port", "--metrics-port"), "PORT"),
+    )
     metrics_host: str = _key("127.0.0.1", "Address the HTTP server (status page and metrics) binds.")
     # control
     control: str = _key(
-        "", "ZeroMQ endpoint serving `stream ctl add/remove/list`; while one is set the daemon keeps running "
+        "",
+        "ZeroMQ endpoint serving `stream ctl add/remove/list`; while one is set the daemon keeps running "
         "after its sources end, until stopped. Whoever reaches it can make the daemon open files and URLs. "
-        '"": none, the run ends with its sources.', endpoint=CONTROL_ENDPOINT, worker="",
-        flag=Flag(("--control",), "ENDPOINT", optional_value=CONTROL_ENDPOINT))
+        '"": none, the run ends with its sources.',
+        endpoint=CONTROL_ENDPOINT,
+        worker="",
+        flag=Flag(("--control",), "ENDPOINT", optional_value=CONTROL_ENDPOINT),
+    )
     control_roots: tuple[str, ...] = _key(
-        (), "Folders `stream ctl add` may read files under (symlinks and '..' resolved first); none: no files.")
+        (), "Folders `stream ctl add` may read files under (symlinks and '..' resolved first); none: no files."
+    )
     control_schemes: tuple[str, ...] = _key(
-        ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt"), "URL schemes `stream ctl add` may open.")
+        ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "srt"), "URL schemes `stream ctl add` may open."
+    )
     curve_secret: str = _key(
-        "", "The daemon's NAME.key_secret (`stream keys generate`): CURVE authentication and encryption on publish "
-        'and control, with curve_clients. "": off.', worker="", flag=Flag(("--curve-secret",), "FILE"))
+        "",
+        "The daemon's NAME.key_secret (`stream keys generate`): CURVE authentication and encryption on publish "
+        'and control, with curve_clients. "": off.',
+        worker="",
+        flag=Flag(("--curve-secret",), "FILE"),
+    )
     curve_clients: str = _key(
-        "", "Folder of the public .key files of the clients let in (CURVE).", worker="",
-        flag=Flag(("--curve-clients",), "DIR"))
+        "",
+        "Folder of the public .key files of the clients let in (CURVE).",
+        worker="",
+        flag=Flag(("--curve-clients",), "DIR"),
+    )
     # live feeds (stream/sources/live.py)
     live_decode: str = _key(
-        "auto", "How live feeds are decoded: auto takes NVDEC frame by frame where the device is cuda, "
+        "auto",
+        "How live feeds are decoded: auto takes NVDEC frame by frame where the device is cuda, "
         "PyNvVideoCodec is installed and the feed is H.264/HEVC 4:2:0, else PyAV on the CPU; nvdec requires NVDEC; "
-        "cpu always PyAV on the CPU.", choices=LIVE_DECODES)
+        "cpu always PyAV on the CPU.",
+        choices=LIVE_DECODES,
+    )
     rtsp_transport: str = _key(
-        "tcp", "RTSP transport of live feeds: tcp loses no packets and passes NAT and firewalls.",
-        choices=RTSP_TRANSPORTS)
+        "tcp",
+        "RTSP transport of live feeds: tcp loses no packets and passes NAT and firewalls.",
+        choices=RTSP_TRANSPORTS,
+    )
     reconnect_initial_s: float = _key(
-        0.5, "Wait this long before a live feed's first reconnect; the wait doubles per failure in a row "
-        "(jittered).", bounds=(0.01, 600))
+        0.5,
+        "Wait this long before a live feed's first reconnect; the wait doubles per failure in a row (jittered).",
+        bounds=(0.01, 600),
+    )
     reconnect_max_s: float = _key(10.0, "The longest wait between reconnects.", bounds=(0.01, 3_600))
     stall_timeout_s: float = _key(
-        5.0, "No frame for this long: the live feed is stalled and reconnects. Also the connect timeout.",
-        bounds=(0.2, 600))
+        5.0,
+        "No frame for this long: the live feed is stalled and reconnects. Also the connect timeout.",
+        bounds=(0.2, 600),
+    )
     max_reconnects: int = _key(
-        0, "Reconnects in a row without a frame before a live stream fails; 0: reconnect forever.",
-        bounds=(0, 1_000_000))
+        0,
+        "Reconnects in a row without a frame before a live stream fails; 0: reconnect forever.",
+        bounds=(0, 1_000_000),
+    )
     max_staleness_ms: int = _key(
-        100, "A live frame's budget from capture to publish: it is dropped and counted (stale) when it would "
-        "pass it. Raise it to drop less at the cost of latency.", bounds=(1, 600_000))
+        100,
+        "A live frame's budget from capture to publish: it is dropped and counted (stale) when it would "
+        "pass it. Raise it to drop less at the cost of latency.",
+        bounds=(1, 600_000),
+    )
     batch_timeout_ms: int = _key(
-        50, "A partial batch waits for other streams' frames to fill the model's batch at most until its oldest "
-        "frame is this old; 0: never merge.", bounds=(0, 60_000))
+        50,
+        "A partial batch waits for other streams' frames to fill the model's batch at most until its oldest "
+        "frame is this old; 0: never merge.",
+        bounds=(0, 60_000),
+    )
     # what the run shows
     progress: str = _key(
-        "auto", "Progress bars on stderr: auto when stderr is a terminal.", choices=PROGRESS, worker="off",
-        flag=Flag(("--progress",)))
+        "auto",
+        "Progress bars on stderr: auto when stderr is a terminal.",
+        choices=PROGRESS,
+        worker="off",
+        flag=Flag(("--progress",)),
+    )
     log_level: str = _key(
-        "info", "The least severe log records shown.", choices=LOG_LEVELS, flag=Flag(("--log-level",)))
+        "info", "The least severe log records shown.", choices=LOG_LEVELS, flag=Flag(("--log-level",))
+    )
     log_format: str = _key(
-        "text", "text for people, or json: one JSON object per line (one per state change, never one per frame).",
-        choices=LOG_FORMATS, flag=Flag(("--log-format",)))
+        "text",
+        "text for people, or json: one JSON object per line (one per state change, never one per frame).",
+        choices=LOG_FORMATS,
+        flag=Flag(("--log-format",)),
+    )
     # not a key: the file the config was read from (SIGHUP reads it again)
     config_path: Path | None = field(default=None, compare=False)
 
 
-_TYPE_NAMES: dict[Any, str] = {str: "string", str | None: "string", int: "integer", float: "number",
-                               bool: "boolean", tuple[str, ...]: "list of strings"}  # fmt: skip
+_TYPE_NAMES: dict[Any, str] = {
+    str: "string",
+    str | None: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    tuple[str, ...]: "list of strings",
+}
 
 
 def _keys() -> dict[str, Key]:
@@ -363,8 +474,10 @@ def _keys() -> dict[str, Key]:
         hint = hints[f.name]
         if about.check is None:  # a plain key: its type says how it is checked
             if hint not in _TYPE_NAMES or about.type_name:
-                raise TypeError(f"Config.{f.name}: a {hint} key needs check= and type_name=; plain keys are "
-                                f"{', '.join(sorted(set(_TYPE_NAMES.values())))}")  # fmt: skip
+                raise TypeError(
+                    f"Config.{f.name}: a {hint} key needs check= and type_name=; plain keys are "
+                    f"{', '.join(sorted(set(_TYPE_NAMES.values())))}"
+                )
             about = replace(about, type_name=_TYPE_NAMES[hint])
         elif not about.type_name:
             raise TypeError(f"Config.{f.name}: a key with a check of its own needs a type_name for the docs")
@@ -375,7 +488,10 @@ def _keys() -> dict[str, Key]:
 KEYS: dict[str, Key] = _keys()  # every key, in the order of the fields
 # a key's type name -> what its values must be, and the words an error says
 _PYTHON_TYPES: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "string": (str, "str"), "integer": (int, "int"), "number": ((int, float), "a number")}
+    "string": (str, "str"),
+    "integer": (int, "int"),
+    "number": ((int, float), "a number"),
+}
 
 
 def check_value(key: str, value: Any, origin: str) -> Any:
@@ -426,13 +542,17 @@ def check_workers(cfg: Config, origins: dict[str, str]) -> Config:
     where = _where(origins.get("devices", "command line"), "devices")
     gpus = [d for d in cfg.devices if isinstance(d, int)]
     if cfg.device == "cpu" and gpus:
-        raise ConfigError(f"{where} names CUDA device {gpus[0]} but the device is cpu "
-                          f"({_where(origins.get('device', 'command line'), 'device')}); for several CPU workers "
-                          f"write devices = [\"cpu\", \"cpu\"] (--devices cpu,cpu), or use --device cuda")  # fmt: skip
+        raise ConfigError(
+            f"{where} names CUDA device {gpus[0]} but the device is cpu "
+            f"({_where(origins.get('device', 'command line'), 'device')}); for several CPU workers "
+            f'write devices = ["cpu", "cpu"] (--devices cpu,cpu), or use --device cuda'
+        )
     if cfg.device == "cuda" and not gpus:
-        raise ConfigError(f"{where} asks for CPU workers but the device is cuda "
-                          f"({_where(origins.get('device', 'command line'), 'device')}); name CUDA indexes like "
-                          f"[0, 1] (--devices 0,1), or use --device cpu")  # fmt: skip
+        raise ConfigError(
+            f"{where} asks for CPU workers but the device is cuda "
+            f"({_where(origins.get('device', 'command line'), 'device')}); name CUDA indexes like "
+            f"[0, 1] (--devices 0,1), or use --device cpu"
+        )
     if len(cfg.devices) == 1:  # one worker: the single-process daemon of before, on that device
         only = cfg.devices[0]
         return replace(cfg, device="cpu") if only == "cpu" else replace(cfg, device_id=int(only))

@@ -13,7 +13,6 @@ import pytest
 
 from stream.engines.model import default_model_path, load_info
 from stream.tools.sample import make_sample_video
-
 from tests.loopback import free_port  # noqa: F401 - the tests import it from here
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +79,9 @@ class Collector:
         return out
 
 
-def run_cli(args: list[str], timeout_s: float = 300.0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    args: list[str], timeout_s: float = 300.0, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """`python -m stream ARGS` as a user runs it; returns the finished process (stdout/stderr captured)."""
     e = dict(os.environ)
     e.setdefault("PYTHONUNBUFFERED", "1")
@@ -96,8 +97,16 @@ def run_config(sources: list[str], endpoint: str, **settings: Any) -> Any:
 
     settings.setdefault("device", "cpu")
     settings.setdefault("progress", "off")
-    return config.load(None, {"sources": sources, "publish": endpoint, "wait_subscribers": 1,
-                              "wait_subscribers_timeout_s": 60.0, **settings})
+    return config.load(
+        None,
+        {
+            "sources": sources,
+            "publish": endpoint,
+            "wait_subscribers": 1,
+            "wait_subscribers_timeout_s": 60.0,
+            **settings,
+        },
+    )
 
 
 def collect_run(sources: list[str], endpoint: str, **settings: Any) -> tuple[Any, dict[str, list[dict[str, Any]]]]:
@@ -138,14 +147,18 @@ def unmatched(
         if d["score"] < floor:
             continue
         if not any(
-            e["label"] == d["label"] and abs(e["score"] - d["score"]) <= score_tol and iou(d["box"], e["box"]) >= min_iou
+            e["label"] == d["label"]
+            and abs(e["score"] - d["score"]) <= score_tol
+            and iou(d["box"], e["box"]) >= min_iou
             for e in b
         ):
             missing.append(d)
     return missing
 
 
-def make_resolution_change(path: Path, sizes: tuple[tuple[int, int, int], ...] = ((320, 240, 10), (160, 96, 8))) -> Path:
+def make_resolution_change(
+    path: Path, sizes: tuple[tuple[int, int, int], ...] = ((320, 240, 10), (160, 96, 8))
+) -> Path:
     """An H.264 stream whose resolution changes mid-stream (W, H, frames per part), remuxed into Matroska."""
     from fractions import Fraction
 

@@ -20,7 +20,6 @@ import av
 import numpy as np
 
 from stream.messages import detection_list
-
 from tests.conftest import unmatched
 
 MIN_IOU = 0.99

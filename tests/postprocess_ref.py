@@ -23,11 +23,12 @@ def reference(spec: Any, cls: np.ndarray, reg: np.ndarray, device: str = "cpu") 
     graph-mode export does), with the head's thresholds; per image boxes/scores/labels as numpy."""
     import torch
 
-    from stream.tools.export import build_model
     from stream.engines.postprocess import anchors
+    from stream.tools.export import build_model
 
-    model = build_model("retinanet_tiny", "random", score_thresh=spec.score_thresh,
-                        max_detections=spec.detections_per_img, seed=0)  # fmt: skip
+    model = build_model(
+        "retinanet_tiny", "random", score_thresh=spec.score_thresh, max_detections=spec.detections_per_img, seed=0
+    )
     model.nms_thresh, model.topk_candidates = spec.nms_thresh, spec.topk_candidates
     sizes = spec.level_sizes()
     n = cls.shape[0]
@@ -51,7 +52,12 @@ def compare(ours: tuple[Any, Any, Any, Any], ref: list[dict[str, np.ndarray]]) -
         used = np.zeros(len(ms), bool)
         for box, score, label in zip(d["boxes"], d["scores"], d["labels"]):
             total += 1
-            ok = (~used) & (ml == label) & (np.abs(ms - score) <= SCORE_TOL) & (np.abs(mb - box).max(axis=1, initial=0) <= BOX_TOL)
+            ok = (
+                (~used)
+                & (ml == label)
+                & (np.abs(ms - score) <= SCORE_TOL)
+                & (np.abs(mb - box).max(axis=1, initial=0) <= BOX_TOL)
+            )
             hit = np.flatnonzero(ok)
             if len(hit):
                 used[hit[0]] = True

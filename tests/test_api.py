@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from stream import Pipeline
-
 from tests.conftest import ROOT, detections_of
 from tests.scenarios.test_e2e import decoded_frames
 

@@ -113,8 +113,15 @@ def test_async_subscribe_discovers_a_publisher() -> None:
     thread.start()
 
     async def first() -> dict[str, object]:
-        async for msg in subscribe([], until_eos=True, expect=1, timeout_s=20, discover="pods.test:5556",
-                                   discover_interval_s=0.1, resolver=lambda h, p: [("127.0.0.1", port)]):  # fmt: skip
+        async for msg in subscribe(
+            [],
+            until_eos=True,
+            expect=1,
+            timeout_s=20,
+            discover="pods.test:5556",
+            discover_interval_s=0.1,
+            resolver=lambda h, p: [("127.0.0.1", port)],
+        ):
             return msg
         raise AssertionError("no message")
 

@@ -6,6 +6,8 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from stream import config
 from stream.config import Config, SourceSpec
@@ -45,7 +47,7 @@ def test_file_then_flags_override(tmp_path: Path) -> None:
         ("wait_subscribers = true\n", ["'wait_subscribers'", "must be int"]),
         ('publish = "127.0.0.1:5556"\n', ["'publish'", "tcp://"]),
         ('sources = [{id = "a", file = "x.mp4"}]\n', ["'file'", "sources[0]"]),
-        ("sources = [{id = \"a\"}]\n", ["sources[0]", "'path'"]),
+        ('sources = [{id = "a"}]\n', ["sources[0]", "'path'"]),
         ("sources = 3\n", ["'sources'", "list"]),
         ("device = \n", ["not valid TOML"]),
         ('conv_algo_search = "fast"\n', ["'conv_algo_search'", "auto, exhaustive, heuristic, default"]),
@@ -134,16 +136,53 @@ def test_run_flags_are_the_keys_flags() -> None:
     run = sub.choices["run"]
     options = run._option_string_actions  # argparse has no public map of a parser's options
     assert set(options) == {
-        "-h", "--help", "--config", "--source", "--model", "--device", "--device-id", "--devices", "--publish",
-        "--format", "--wait-subscribers", "--buffers", "--duration", "--loop", "--annotate", "--http-port",
-        "--metrics-port", "--control", "--curve-secret", "--curve-clients", "--progress", "--log-level",
-        "--log-format", "--shard",
-    }  # fmt: skip
+        "-h",
+        "--help",
+        "--config",
+        "--source",
+        "--model",
+        "--device",
+        "--device-id",
+        "--devices",
+        "--publish",
+        "--format",
+        "--wait-subscribers",
+        "--buffers",
+        "--duration",
+        "--loop",
+        "--annotate",
+        "--http-port",
+        "--metrics-port",
+        "--control",
+        "--curve-secret",
+        "--curve-clients",
+        "--progress",
+        "--log-level",
+        "--log-format",
+        "--shard",
+    }
     for key, about in config.KEYS.items():
         if about.flag is not None:
             assert all(options[name].dest == key for name in about.flag.names), key
-    args = run.parse_args(["--source", "a.mp4", "--source", "x=b.mp4", "--duration", "2.5", "--annotate", "out",
-                           "--metrics-port", "8080", "--control", "--devices", "cpu,cpu", "--device-id", "1"])  # fmt: skip
+    args = run.parse_args(
+        [
+            "--source",
+            "a.mp4",
+            "--source",
+            "x=b.mp4",
+            "--duration",
+            "2.5",
+            "--annotate",
+            "out",
+            "--metrics-port",
+            "8080",
+            "--control",
+            "--devices",
+            "cpu,cpu",
+            "--device-id",
+            "1",
+        ]
+    )
     assert args.sources == ["a.mp4", "x=b.mp4"] and args.duration_s == 2.5 and args.annotate_dir == "out"
     assert args.metrics_port == 8080 and args.control == "tcp://127.0.0.1:5557" and args.devices == ["cpu", "cpu"]
     assert args.device_id == 1 and args.loop is None and args.format is None  # not given: the file's value stands
@@ -153,8 +192,19 @@ def test_run_flags_are_the_keys_flags() -> None:
 def test_a_worker_gets_the_supervisors_config_with_its_own_keys_fixed() -> None:
     from stream.daemon.supervisor import _worker_config
 
-    cfg = config.load(None, {"devices": ["cpu", "cpu"], "progress": "on", "wait_subscribers": 2, "duration_s": 5,
-                             "publish_hwm": 7, "buffers": 2, "curve_secret": "s", "curve_clients": "c"})  # fmt: skip
+    cfg = config.load(
+        None,
+        {
+            "devices": ["cpu", "cpu"],
+            "progress": "on",
+            "wait_subscribers": 2,
+            "duration_s": 5,
+            "publish_hwm": 7,
+            "buffers": 2,
+            "curve_secret": "s",
+            "curve_clients": "c",
+        },
+    )
     w = _worker_config(cfg, "cpu", "ipc:///tmp/w0")
     assert (w.publish, w.device, w.device_id, w.devices) == ("ipc:///tmp/w0", "cpu", 0, ())
     assert (w.progress, w.wait_subscribers, w.duration_s, w.publish_hwm) == ("off", 0, 0.0, 0)
@@ -171,8 +221,6 @@ def test_formats_are_the_wire_formats() -> None:
 
 
 # -- property tests: any valid file loads to exactly its values; any unknown key is named ------------------
-from hypothesis import given
-from hypothesis import strategies as st
 
 VALID = {
     "device": st.sampled_from(config.DEVICES),
@@ -231,7 +279,6 @@ def test_conv_algo_search_auto_follows_the_batch_axis(model_info: object) -> Non
         conv_algo_choice("fast", fixed)
 
 
-
 def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object) -> None:
     """auto: a CUDA graph where ORT can replay one (a head model whose batch is fixed, by the session under
     pad_partial or in the file); "on" where it cannot is a clear error naming the model and the way out;
@@ -242,7 +289,9 @@ def test_cuda_graph_auto_is_for_head_models_of_a_fixed_batch(model_info: object)
     from stream.engines.postprocess import HeadSpec, Level
     from stream.errors import ModelError
 
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
+    spec = HeadSpec(
+        cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),)
+    )
     head_dyn = replace(model_info, head=spec, dynamic_batch=True)  # type: ignore[type-var]
     head_fixed = replace(model_info, head=spec, dynamic_batch=False)  # type: ignore[type-var]
     graph_pp = replace(model_info, head=None)  # type: ignore[type-var]
@@ -266,4 +315,3 @@ def test_pad_partial_is_on_by_default_and_takes_booleans_only() -> None:
     assert config.load(None, {"pad_partial": False}).pad_partial is False
     with pytest.raises(ConfigError, match="pad_partial"):
         config.load(None, {"pad_partial": "yes"})
-

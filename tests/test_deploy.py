@@ -176,8 +176,11 @@ def test_statefulset_agrees_with_the_configmap(tmp_path: Path) -> None:
     assert {p["name"]: p["port"] for p in svc["spec"]["ports"]} == {"publish": ports["publish"], "http": ports["http"]}
     assert all(p["targetPort"] in ports for p in svc["spec"]["ports"])
     labels = sts["spec"]["template"]["metadata"]["labels"]
-    for selector in (svc["spec"]["selector"], sts["spec"]["selector"]["matchLabels"],
-                     objs["PodMonitor"]["spec"]["selector"]["matchLabels"]):  # fmt: skip
+    for selector in (
+        svc["spec"]["selector"],
+        sts["spec"]["selector"]["matchLabels"],
+        objs["PodMonitor"]["spec"]["selector"]["matchLabels"],
+    ):
         assert selector.items() <= labels.items()
     assert [ep["port"] for ep in objs["PodMonitor"]["spec"]["podMetricsEndpoints"]] == ["http"]
 

@@ -19,8 +19,16 @@ import stream
 
 PACKAGE = Path(stream.__file__).resolve().parent
 LOWER = ("stream.core", "stream.sources", "stream.engines", "stream.sinks", "stream.tools")  # never import the daemon
-PUBLIC = ("stream", "stream.api", "stream.client", "stream.messages", "stream.errors", "stream.config",
-          "stream.testing", "stream.sample")  # fmt: skip
+PUBLIC = (
+    "stream",
+    "stream.api",
+    "stream.client",
+    "stream.messages",
+    "stream.errors",
+    "stream.config",
+    "stream.testing",
+    "stream.sample",
+)
 
 
 def modules() -> dict[str, Path]:
@@ -84,7 +92,9 @@ def graph(extra: dict[str, str] | None = None) -> dict[str, set[str]]:
     mods = modules()
     g = {name: {m for m, _, _ in imports_of(name, path) if m in mods and m != name} for name, path in mods.items()}
     for name, source in (extra or {}).items():
-        g[name] = {m for m, _, _ in imports_in(source, name, known=set(extra)) if (m in mods or m in extra) and m != name}
+        g[name] = {
+            m for m, _, _ in imports_in(source, name, known=set(extra)) if (m in mods or m in extra) and m != name
+        }
     return g
 
 
@@ -111,15 +121,22 @@ def find_cycle(g: dict[str, set[str]]) -> list[str] | None:
 
 
 def private_imports(name: str, found: list[tuple[str, list[str], int]]) -> list[str]:
-    return [f"{name}:{line} imports {n} from {mod}" for mod, names, line in found for n in names
-            if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))]  # fmt: skip
+    return [
+        f"{name}:{line} imports {n} from {mod}"
+        for mod, names, line in found
+        for n in names
+        if n.startswith("_") and not (n.startswith("__") and n.endswith("__"))
+    ]
 
 
 def daemon_imports(name: str, found: list[tuple[str, list[str], int]]) -> list[str]:
     if not name.startswith(LOWER) and name not in PUBLIC:
         return []
-    return [f"{name}:{line} imports {mod}" for mod, _, line in found
-            if mod == "stream.daemon" or mod.startswith("stream.daemon.")]  # fmt: skip
+    return [
+        f"{name}:{line} imports {mod}"
+        for mod, _, line in found
+        if mod == "stream.daemon" or mod.startswith("stream.daemon.")
+    ]
 
 
 @pytest.mark.parametrize("name", [m for m in modules() if not m.endswith("__main__")])
@@ -154,8 +171,10 @@ def test_the_rules_catch_a_breach() -> None:
         "stream.core.fake_a": "def f():\n    from stream.core.fake_b import g\n",
         "stream.core.fake_b": "from stream.core import fake_a\n",
     }
-    assert find_cycle(graph(fake)) in (["stream.core.fake_a", "stream.core.fake_b", "stream.core.fake_a"],
-                                       ["stream.core.fake_b", "stream.core.fake_a", "stream.core.fake_b"])  # fmt: skip
+    assert find_cycle(graph(fake)) in (
+        ["stream.core.fake_a", "stream.core.fake_b", "stream.core.fake_a"],
+        ["stream.core.fake_b", "stream.core.fake_a", "stream.core.fake_b"],
+    )
     guarded = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from stream.core.fake_a import x\n"
     assert find_cycle(graph({**fake, "stream.core.fake_b": guarded})) is None
     src = "from stream.daemon.cli import _helper\n"

@@ -14,19 +14,34 @@ from stream.messages import MessageError
 
 def sample() -> dict:
     dets = messages.detection_list([[1.234, 2, 3, 4.5678]], [0.123456789], [3], ["a", "b", "c", "car"])
-    return messages.detections("cam", 7, pts_s=0.25, captured_at=1.5, width=640, height=360, dets=dets, published_at=2.0)
+    return messages.detections(
+        "cam", 7, pts_s=0.25, captured_at=1.5, width=640, height=360, dets=dets, published_at=2.0
+    )
 
 
 def test_detection_fields() -> None:
     msg = sample()
     assert msg == {
-        "v": 1, "type": "detections", "stream": "cam", "frame": 7, "pts_s": 0.25, "captured_at": 1.5,
-        "published_at": 2.0, "width": 640, "height": 360,
+        "v": 1,
+        "type": "detections",
+        "stream": "cam",
+        "frame": 7,
+        "pts_s": 0.25,
+        "captured_at": 1.5,
+        "published_at": 2.0,
+        "width": 640,
+        "height": 360,
         "detections": [{"box": [1.23, 2.0, 3.0, 4.57], "score": 0.12346, "label": 3, "name": "car"}],
     }
     assert messages.eos("cam", 10) == {"v": 1, "type": "eos", "stream": "cam", "frames": 10}  # an older daemon's
-    assert messages.eos("cam", 10, read=12, dropped=2) == {"v": 1, "type": "eos", "stream": "cam", "frames": 10,
-                                                           "read": 12, "dropped": 2}  # fmt: skip
+    assert messages.eos("cam", 10, read=12, dropped=2) == {
+        "v": 1,
+        "type": "eos",
+        "stream": "cam",
+        "frames": 10,
+        "read": 12,
+        "dropped": 2,
+    }
     for bad in (-1, 1.5, True, "3"):
         with pytest.raises(messages.MessageError, match="read"):
             messages.validate({**messages.eos("cam", 10), "read": bad})

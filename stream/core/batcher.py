@@ -48,7 +48,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -271,7 +270,9 @@ class Batcher:
             return Batch(name, frames, buf, release=lambda: self._host_pool.put(buf), snap_rows=tuple(snaps))
         return self._stack_device(parts, frames, name, tuple(snaps))
 
-    def _stack_device(self, parts: list[tuple[Batch, int]], frames: list[FrameMeta], name: str, snaps: tuple[int, ...]) -> Batch:
+    def _stack_device(
+        self, parts: list[tuple[Batch, int]], frames: list[FrameMeta], name: str, snaps: tuple[int, ...]
+    ) -> Batch:
         import cupy as cp
 
         if self._copy_stream is None:

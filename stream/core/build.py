@@ -62,8 +62,13 @@ def resolve(cfg: Config) -> tuple[list[Source], ModelInfo, ShardView | None]:
         view = split([s.id for s in sources], shard)
         kept = set(view.kept)
         sources = [s for s in sources if s.id in kept]
-        log.info("shard %s runs %d of %d streams: %s", shard, len(view.kept), len(view.kept) + len(view.skipped),
-                 ", ".join(view.kept) or "(none)")  # fmt: skip
+        log.info(
+            "shard %s runs %d of %d streams: %s",
+            shard,
+            len(view.kept),
+            len(view.kept) + len(view.skipped),
+            ", ".join(view.kept) or "(none)",
+        )
     info = load_info(cfg.model or default_model_path())
     return sources, info, view
 

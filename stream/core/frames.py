@@ -36,7 +36,9 @@ class Batch:
     data: Array  # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device)
     ready: CudaEvent | None = None  # recorded once data is written (device batches only)
     release: Callable[[], None] | None = None  # hands data's buffer back to its pool after inference
-    snap_rows: tuple[int, ...] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
+    snap_rows: tuple[
+        int, ...
+    ] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
     max_age_s: float | None = None  # live feeds: frames older than this when inference starts are dropped
     on_stale: Callable[[int], None] | None = None  # counts those drops (the source's "stale" counter)
 

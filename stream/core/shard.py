@@ -55,8 +55,13 @@ class ShardView:
     skipped: tuple[str, ...] = field(default=())
 
     def as_dict(self) -> dict[str, Any]:
-        return {"shard": str(self.shard), "index": self.shard.index, "count": self.shard.count,
-                "streams": len(self.kept), "skipped": list(self.skipped)}  # fmt: skip
+        return {
+            "shard": str(self.shard),
+            "index": self.shard.index,
+            "count": self.shard.count,
+            "streams": len(self.kept),
+            "skipped": list(self.skipped),
+        }
 
 
 def _parse(text: str, where: str) -> Shard:
@@ -90,23 +95,30 @@ def auto_shard(hostname: str | None = None, environ: Mapping[str, str] | None = 
     host = socket.gethostname() if hostname is None else hostname
     raw = env.get(SHARDS_ENV)
     if raw is None or not raw.strip():
-        raise ConfigError(f'shard = "auto" needs the number of shards in ${SHARDS_ENV} (a StatefulSet\'s replicas); '
-                          f"set it, or pass --shard I/N")  # fmt: skip
+        raise ConfigError(
+            f'shard = "auto" needs the number of shards in ${SHARDS_ENV} (a StatefulSet\'s replicas); '
+            f"set it, or pass --shard I/N"
+        )
     try:
         count = int(raw.strip())
     except ValueError:
-        raise ConfigError(f"${SHARDS_ENV} is {raw!r}, not a whole number; set it to the number of shards "
-                          f"(the StatefulSet's replicas)") from None  # fmt: skip
+        raise ConfigError(
+            f"${SHARDS_ENV} is {raw!r}, not a whole number; set it to the number of shards (the StatefulSet's replicas)"
+        ) from None
     if count < 1:
         raise ConfigError(f"${SHARDS_ENV} is {count}; set it to the number of shards, at least 1")
     m = re.fullmatch(r".+-(\d+)", host.split(".", 1)[0])
     if m is None:
-        raise ConfigError(f'shard = "auto" reads the shard from the hostname\'s "-I" suffix (StatefulSet pods: '
-                          f"NAME-0, NAME-1, ...); hostname {host!r} has none; pass --shard I/N")  # fmt: skip
+        raise ConfigError(
+            f'shard = "auto" reads the shard from the hostname\'s "-I" suffix (StatefulSet pods: '
+            f"NAME-0, NAME-1, ...); hostname {host!r} has none; pass --shard I/N"
+        )
     index = int(m.group(1))
     if index >= count:
-        raise ConfigError(f"hostname {host!r} is shard {index}, but ${SHARDS_ENV} is {count} (shards 0 to "
-                          f"{count - 1}); set ${SHARDS_ENV} to the StatefulSet's replicas")  # fmt: skip
+        raise ConfigError(
+            f"hostname {host!r} is shard {index}, but ${SHARDS_ENV} is {count} (shards 0 to "
+            f"{count - 1}); set ${SHARDS_ENV} to the StatefulSet's replicas"
+        )
     return Shard(index, count)
 
 

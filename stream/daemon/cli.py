@@ -45,8 +45,11 @@ def _flag_options(about: Key) -> dict[str, Any]:
     assert about.flag is not None
     if about.type_name == "boolean":
         return {"action": "store_true", "default": None}  # not given: the config file's value stands
-    opts: dict[str, Any] = {"metavar": about.flag.metavar, "choices": about.choices,
-                            "type": about.flag.parse or {"integer": int, "number": float}.get(about.type_name)}
+    opts: dict[str, Any] = {
+        "metavar": about.flag.metavar,
+        "choices": about.choices,
+        "type": about.flag.parse or {"integer": int, "number": float}.get(about.type_name),
+    }
     if about.flag.repeat:
         opts["action"] = "append"
     if about.flag.optional_value is not None:
@@ -82,9 +85,9 @@ def _stacks_on_sigusr1() -> None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from stream import config as config_mod
-    from stream.daemon.serve import serve
     from stream.daemon.malloc import set_mmap_threshold
     from stream.daemon.report import ProgressBars, print_summary, progress_enabled
+    from stream.daemon.serve import serve
 
     try:
         flags = [key for key, about in config_mod.KEYS.items() if about.flag is not None]
@@ -99,7 +102,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     bars = ProgressBars(progress_enabled(cfg.progress))
     try:
         with bars:
-            if len(cfg.devices) > 1:  # one worker process per device, one publish endpoint (stream/daemon/supervisor.py)
+            if (
+                len(cfg.devices) > 1
+            ):  # one worker process per device, one publish endpoint (stream/daemon/supervisor.py)
                 from stream.daemon import supervisor
 
                 result = run_loop(supervisor.run(cfg, progress=bars.update))
@@ -112,9 +117,25 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("interrupted")
         return 130
     if cfg.log_format == "json":
-        log.info("summary", extra={"fields": {"device": result.device, "streams": [
-            {"id": s.id, "state": s.state, "frames": s.frames, "fps": round(s.fps, 2), "detections": s.detections,
-             "error": s.error} for s in result.stats.values()]}})  # fmt: skip
+        log.info(
+            "summary",
+            extra={
+                "fields": {
+                    "device": result.device,
+                    "streams": [
+                        {
+                            "id": s.id,
+                            "state": s.state,
+                            "frames": s.frames,
+                            "fps": round(s.fps, 2),
+                            "detections": s.detections,
+                            "error": s.error,
+                        }
+                        for s in result.stats.values()
+                    ],
+                }
+            },
+        )
     else:
         print_summary(result.stats, result.device)
     return 1 if any(s.state == "failed" for s in result.stats.values()) else 0
@@ -124,11 +145,19 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _add_subscribe(sub: _SubParsers) -> None:
     p = sub.add_parser("subscribe", help="print the messages a running `stream run` publishes")
     p.add_argument("endpoint", nargs="*", help="one or more endpoints, e.g. tcp://127.0.0.1:5556")
-    p.add_argument("--discover", metavar="HOST:PORT",
-                   help="every address HOST resolves to (a Kubernetes headless Service: every ready pod), at PORT; "
-                        "resolved again every --discover-interval seconds")  # fmt: skip
-    p.add_argument("--discover-interval", type=float, default=5.0, metavar="S",
-                   help="seconds between two lookups of --discover's HOST (default 5)")  # fmt: skip
+    p.add_argument(
+        "--discover",
+        metavar="HOST:PORT",
+        help="every address HOST resolves to (a Kubernetes headless Service: every ready pod), at PORT; "
+        "resolved again every --discover-interval seconds",
+    )
+    p.add_argument(
+        "--discover-interval",
+        type=float,
+        default=5.0,
+        metavar="S",
+        help="seconds between two lookups of --discover's HOST (default 5)",
+    )
     p.add_argument("--stream", action="append", metavar="ID", help="only this stream; repeatable")
     p.add_argument("--count", type=int, metavar="N", help="stop after N messages")
     p.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -149,8 +178,10 @@ def format_line(msg: dict[str, Any]) -> str:
         top = sorted(msg["detections"], key=lambda d: -d["score"])[:3]
         best = ", ".join(f"{d.get('name', d['label'])} {d['score']:.2f}" for d in top)
         lat_ms = (msg["published_at"] - msg["captured_at"]) * 1000
-        return (f"{msg['stream']} #{msg['frame']} {msg['width']}x{msg['height']} "
-                f"{len(msg['detections'])} detections{': ' + best if best else ''} ({lat_ms:.0f} ms)")
+        return (
+            f"{msg['stream']} #{msg['frame']} {msg['width']}x{msg['height']} "
+            f"{len(msg['detections'])} detections{': ' + best if best else ''} ({lat_ms:.0f} ms)"
+        )
     if kind == "eos":
         return f"{msg['stream']} end of stream after {msg['frames']} frames"
     err = f": {msg['error']}" if msg.get("error") else ""
@@ -169,10 +200,18 @@ def cmd_subscribe(args: argparse.Namespace) -> int:
         logging.getLogger("stream.client").setLevel(logging.INFO)
     gaps = SeqGaps()
     try:
-        for msg in iter_messages(args.endpoint, args.stream, count=args.count, until_eos=args.until_eos,
-                                 timeout_s=args.timeout, curve_server=args.curve_server,
-                                 curve_secret=args.curve_secret, gaps=gaps, discover=args.discover,
-                                 discover_interval_s=args.discover_interval):  # fmt: skip
+        for msg in iter_messages(
+            args.endpoint,
+            args.stream,
+            count=args.count,
+            until_eos=args.until_eos,
+            timeout_s=args.timeout,
+            curve_server=args.curve_server,
+            curve_secret=args.curve_secret,
+            gaps=gaps,
+            discover=args.discover,
+            discover_interval_s=args.discover_interval,
+        ):
             line = json.dumps(msg, separators=(",", ":")) if args.json else format_line(msg)
             print(line, flush=True)
     except TimeoutError as exc:
@@ -202,7 +241,9 @@ def _report_gaps(gaps: SeqGaps) -> None:
 # -- ctl ------------------------------------------------------------------------------------------------------
 def _add_ctl(sub: _SubParsers) -> None:
     p = sub.add_parser("ctl", help="add, remove or list the streams of a daemon started with --control")
-    p.add_argument("--control", default="tcp://127.0.0.1:5557", metavar="ENDPOINT", help="the daemon's control endpoint")
+    p.add_argument(
+        "--control", default="tcp://127.0.0.1:5557", metavar="ENDPOINT", help="the daemon's control endpoint"
+    )
     p.add_argument("--timeout", type=float, default=5.0, metavar="S")
     _add_curve_client(p)
     verbs = p.add_subparsers(dest="verb", required=True)
@@ -262,8 +303,9 @@ def _add_annotate(sub: _SubParsers) -> None:
     p.add_argument("--model", metavar="PATH", help="ONNX model (default: the small random-weight model shipped)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), help="default auto: CUDA when usable, else CPU")
     p.add_argument("--device-id", type=int, help="CUDA device index (default 0)")
-    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar (default: when stderr is a tty)")
+    p.add_argument(
+        "--progress", choices=("auto", "on", "off"), default="auto", help="progress bar (default: when stderr is a tty)"
+    )
     p.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     p.set_defaults(func=cmd_annotate)
 
@@ -279,11 +321,11 @@ def cmd_annotate(args: argparse.Namespace) -> int:
     import re
     from pathlib import Path
 
-    from stream.sinks.annotate import Annotator
     from stream.api import Pipeline
-    from stream.sources.pyav import probe
     from stream.daemon.report import ProgressBars, progress_enabled
+    from stream.sinks.annotate import Annotator
     from stream.sources.naming import Source, scheme_of
+    from stream.sources.pyav import probe
 
     setup_logging(args.log_level)
 
@@ -299,17 +341,22 @@ def cmd_annotate(args: argparse.Namespace) -> int:
         return fail(f"--source {loc!r} is a URL; stream annotate takes a video file", 2)
     path = Path(os.path.expanduser(loc))
     if path.is_dir():
-        return fail(f"--source {path} is a folder; annotate one file at a time, or run "
-                    f"`stream run --source {path} --annotate DIR`", 2)  # fmt: skip
+        return fail(
+            f"--source {path} is a folder; annotate one file at a time, or run "
+            f"`stream run --source {path} --annotate DIR`",
+            2,
+        )
     sid = re.sub(r"[=\s]+", "_", path.stem) or "video"
     src = Source(sid, str(path))
     try:
         expected = probe(src).frames_declared or None
-        ann = Annotator(src, Path(os.path.expanduser(args.output)), hint="pass another --output", publishing=False,
-                        log_errors=False)  # fmt: skip
+        ann = Annotator(
+            src, Path(os.path.expanduser(args.output)), hint="pass another --output", publishing=False, log_errors=False
+        )
         ann.open()  # a bad output is an error now, before any frame is decoded
-        pipe = Pipeline([f"{sid}={glob.escape(str(path))}"], model=args.model, device=args.device,
-                        device_id=args.device_id)  # fmt: skip
+        pipe = Pipeline(
+            [f"{sid}={glob.escape(str(path))}"], model=args.model, device=args.device, device_id=args.device_id
+        )
     except StreamError as exc:
         return fail(exc, 2)
     ann.start()

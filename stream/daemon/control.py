@@ -80,16 +80,22 @@ def refuse(roots: tuple[str, ...], schemes: tuple[str, ...], srcs: list[Source])
         scheme = scheme_of(src.location)
         if src.live:
             if scheme not in schemes:
-                return (f"stream {src.id}: URL scheme {scheme!r} is not allowed for `stream ctl add` "
-                        f"(allowed: {', '.join(schemes) or 'none'}; set control_schemes in the config)")  # fmt: skip
+                return (
+                    f"stream {src.id}: URL scheme {scheme!r} is not allowed for `stream ctl add` "
+                    f"(allowed: {', '.join(schemes) or 'none'}; set control_schemes in the config)"
+                )
             continue
         if not resolved_roots:
-            return (f"stream {src.id}: `stream ctl add` opens no files here; list the folders it may read "
-                    f"in control_roots in the config")  # fmt: skip
+            return (
+                f"stream {src.id}: `stream ctl add` opens no files here; list the folders it may read "
+                f"in control_roots in the config"
+            )
         path = Path(src.location).expanduser().resolve()
         if not any(path.is_relative_to(root) for root in resolved_roots):
-            return (f"stream {src.id}: {redact(src.location)} is outside the folders `stream ctl add` may read "
-                    f"({', '.join(roots)}; control_roots in the config)")  # fmt: skip
+            return (
+                f"stream {src.id}: {redact(src.location)} is outside the folders `stream ctl add` may read "
+                f"({', '.join(roots)}; control_roots in the config)"
+            )
     return None
 
 
@@ -114,7 +120,9 @@ class ControlServer:
         except zmq.ZMQError as exc:
             sock.close(0)
             self._ctx.term()
-            raise PublishError(f"cannot bind the control endpoint {self.endpoint} ({exc}); pass --control with a free one") from exc
+            raise PublishError(
+                f"cannot bind the control endpoint {self.endpoint} ({exc}); pass --control with a free one"
+            ) from exc
         self._sock = sock
         self._task = asyncio.create_task(self._serve(), name="control")
         log.info("control on %s", self.endpoint)
@@ -159,7 +167,9 @@ def request(
         sock.connect(endpoint)
         sock.send(json.dumps(req).encode())
         if not sock.poll(int(timeout_s * 1000)):
-            raise TimeoutError(f"no answer from {endpoint} within {timeout_s:g} s; is `stream run --control` running there?")
+            raise TimeoutError(
+                f"no answer from {endpoint} within {timeout_s:g} s; is `stream run --control` running there?"
+            )
         return json.loads(sock.recv())
     finally:
         sock.close(0)

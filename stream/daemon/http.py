@@ -61,7 +61,9 @@ class Metrics(Instrument):
         self.batch_size = Histogram(
             "stream_batch_size", "Frames per inference batch", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
         )
-        self.queue_depth_gauge = Gauge("stream_queue_depth", "Batches queued between decode and publish", ["stream"], registry=r)
+        self.queue_depth_gauge = Gauge(
+            "stream_queue_depth", "Batches queued between decode and publish", ["stream"], registry=r
+        )
         self.gpu_memory = Gauge("stream_gpu_memory_bytes", "GPU memory in use on the device", registry=r)
         self.up = Gauge("stream_up", "1 while the stream is running", ["stream"], registry=r)
         self._health: Callable[[], tuple[bool, dict[str, Any]]] = lambda: (True, {})

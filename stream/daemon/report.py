@@ -53,14 +53,18 @@ def progress_enabled(setting: str) -> bool:
 
 def summary_table(stats: dict[str, StreamStats], device: str) -> Table:
     table = Table(title=f"stream run ({device})", title_justify="left")
-    columns: tuple[tuple[str, JustifyMethod], ...] = (("stream", "left"), ("state", "left"), ("frames", "right"),
-                                                      ("fps", "right"), ("detections", "right"), ("error", "left"))
+    columns: tuple[tuple[str, JustifyMethod], ...] = (
+        ("stream", "left"),
+        ("state", "left"),
+        ("frames", "right"),
+        ("fps", "right"),
+        ("detections", "right"),
+        ("error", "left"),
+    )
     for col, just in columns:
         table.add_column(col, justify=just)
     for st in stats.values():
-        table.add_row(
-            st.id, st.state, str(st.frames), f"{st.fps:.1f}", str(st.detections), (st.error or "")[:120]
-        )
+        table.add_row(st.id, st.state, str(st.frames), f"{st.fps:.1f}", str(st.detections), (st.error or "")[:120])
     return table
 
 

@@ -48,7 +48,9 @@ def draw(image: np.ndarray, detections: list[dict[str, Any]], source_size: tuple
     else:
         rgb = rgb.copy()
     sx, sy = out_w / src_w, out_h / src_h
-    scaled = [{**d, "box": [d["box"][0] * sx, d["box"][1] * sy, d["box"][2] * sx, d["box"][3] * sy]} for d in detections]
+    scaled = [
+        {**d, "box": [d["box"][0] * sx, d["box"][1] * sy, d["box"][2] * sx, d["box"][3] * sy]} for d in detections
+    ]
     return cv2.cvtColor(draw_boxes(rgb, scaled), cv2.COLOR_RGB2BGR)
 
 

@@ -390,8 +390,9 @@ class Supervisor:
         while t.last_seq < seq and time.monotonic() < deadline:
             await asyncio.sleep(0.005)
         if t.last_seq < seq:
-            log.error("stream %s: a message of the supervisor did not come through the proxy within %g s",
-                      t.src.id, BARRIER_S)  # fmt: skip
+            log.error(
+                "stream %s: a message of the supervisor did not come through the proxy within %g s", t.src.id, BARRIER_S
+            )
             t.last_seq = seq
 
     # -- workers ---------------------------------------------------------------------------------------------
@@ -399,8 +400,12 @@ class Supervisor:
         ctx = multiprocessing.get_context("spawn")
         parent, child = ctx.Pipe()
         w.conn = parent
-        w.proc = ctx.Process(target=worker_main, args=(w.index, _worker_config(self.cfg, w.slot, w.endpoint), sources, child),
-                             name=f"stream-worker-{w.index}", daemon=True)  # fmt: skip
+        w.proc = ctx.Process(
+            target=worker_main,
+            args=(w.index, _worker_config(self.cfg, w.slot, w.endpoint), sources, child),
+            name=f"stream-worker-{w.index}",
+            daemon=True,
+        )
         w.proc.start()
         child.close()
 
@@ -463,35 +468,44 @@ class Supervisor:
         for t in [t for t in self.tracks.values() if t.worker == w.index and not t.ended]:
             sid = t.src.id
             if self.stopping:  # the run is ending anyway: the stream ends where its worker left it
-                log.warning("stream %s: its worker %d %s while stopping; eos after %d frames", sid, w.index, why,
-                            t.next_frame)  # fmt: skip
+                log.warning(
+                    "stream %s: its worker %d %s while stopping; eos after %d frames", sid, w.index, why, t.next_frame
+                )
                 await self._publish_own(messages.eos(sid, t.next_frame))
                 continue
             target = self.least_loaded()
             if target is None:
-                err = (f"stream {sid}: worker {w.index} ({w.label or w.slot}) {why} and no other worker is left; "
-                       f"{t.next_frame} frames were published; restart the daemon")  # fmt: skip
+                err = (
+                    f"stream {sid}: worker {w.index} ({w.label or w.slot}) {why} and no other worker is left; "
+                    f"{t.next_frame} frames were published; restart the daemon"
+                )
                 log.error("%s", err)
                 await self._publish_own(messages.status(sid, "failed", err, frames=t.next_frame))
                 continue
             counting_on = t.src.live or t.src.loop or self.cfg.loop
             resume = {"skip": 0 if counting_on else t.next_frame, "offset": t.next_frame if counting_on else 0}
-            where = "from the start of its feed" if t.src.live else (
-                "from the start of the file" if counting_on else f"from frame {t.next_frame}")  # fmt: skip
-            note = (f"worker {w.index} ({w.label or w.slot}) {why}; the stream goes on on worker {target.index} "
-                    f"({target.label}) {where}")  # fmt: skip
+            where = (
+                "from the start of its feed"
+                if t.src.live
+                else ("from the start of the file" if counting_on else f"from frame {t.next_frame}")
+            )
+            note = (
+                f"worker {w.index} ({w.label or w.slot}) {why}; the stream goes on on worker {target.index} "
+                f"({target.label}) {where}"
+            )
             log.warning("stream %s: %s", sid, note)
-            await self._publish_own(messages.status(sid, "moved", note, frames=t.next_frame, worker=target.index,
-                                                    from_worker=w.index))  # fmt: skip
+            await self._publish_own(
+                messages.status(sid, "moved", note, frames=t.next_frame, worker=target.index, from_worker=w.index)
+            )
             t.worker, t.moves = target.index, t.moves + 1
             resume["seq"] = t.last_seq + 1
             self._tell(target, ("add", t.src, resume))
 
     # -- the run ---------------------------------------------------------------------------------------------
     async def run(self) -> RunResult:
+        from stream.sinks.curve import server_keys
         from stream.sinks.proxy import Proxy
         from stream.sinks.publish import Publisher
-        from stream.sinks.curve import server_keys
 
         cfg = self.cfg
         sources, _, _ = resolve(cfg)  # a bad source list or model is an error before any process starts
@@ -527,8 +541,13 @@ class Supervisor:
                     self._spawn(w, share[w.index])
                 await self._wait_ready()
                 for w in self.workers:
-                    log.info("worker %d (%s, pid %s) runs: %s", w.index, w.label, w.pid,
-                             ", ".join(s.id for s in share[w.index]) or "(no stream yet)")  # fmt: skip
+                    log.info(
+                        "worker %d (%s, pid %s) runs: %s",
+                        w.index,
+                        w.label,
+                        w.pid,
+                        ", ".join(s.id for s in share[w.index]) or "(no stream yet)",
+                    )
                 await self._wait_subscribers()
                 self.own = Publisher(internal("supervisor"), cfg.format, 0, cfg.linger_s)
                 await self.own.start()
@@ -542,8 +561,9 @@ class Supervisor:
                 await self._shutdown(reader)
         stats = {}
         for sid, t in self.tracks.items():
-            st = StreamStats(sid, redact(t.src.location), state=t.state, frames=t.frames, detections=t.detections,
-                             error=t.error)  # fmt: skip
+            st = StreamStats(
+                sid, redact(t.src.location), state=t.state, frames=t.frames, detections=t.detections, error=t.error
+            )
             st.started_at, st.ended_at = t.started_at, t.ended_at
             stats[sid] = st
         labels = ", ".join(f"{w.index}: {w.label or w.slot}" for w in self.workers)
@@ -625,4 +645,3 @@ class Supervisor:
 async def run(cfg: Config, *, progress: ProgressFn | None = None) -> RunResult:
     """`stream run` with several workers (len(cfg.devices) > 1). Raises StreamError when the run cannot start."""
     return await Supervisor(cfg, progress).run()
-

@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from stream.errors import InferenceError, ModelError, first_line
 from stream.core.frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
 from stream.engines.model import ModelInfo
+from stream.errors import InferenceError, ModelError, first_line
 
 if TYPE_CHECKING:
     import onnxruntime as ort

@@ -53,10 +53,18 @@ from typing import Any
 import numpy as np
 
 from stream.config import CONV_ALGO_SEARCHES, CUDA_GRAPHS
-from stream.errors import DeviceError, InferenceError, ModelError
-from stream.core.frames import Batch, FrameMeta, FrameResult, pack_detections, snapshot_rows, split_results, unpack_counted
+from stream.core.frames import (
+    Batch,
+    FrameMeta,
+    FrameResult,
+    pack_detections,
+    snapshot_rows,
+    split_results,
+    unpack_counted,
+)
 from stream.engines.cpu import session_options
 from stream.engines.model import ModelInfo
+from stream.errors import DeviceError, InferenceError, ModelError
 
 log = logging.getLogger(__name__)
 
@@ -126,9 +134,17 @@ def cuda_graph_choice(setting: str, info: ModelInfo, fixed_dim: str | None) -> b
         raise ValueError(f"cuda_graph must be one of {', '.join(CUDA_GRAPHS)}; got {setting!r}")
     can = info.head is not None and (fixed_dim is not None or not info.dynamic_batch)
     if setting == "on" and not can:
-        why = ("its post-processing is in the graph (outputs of a new size every frame); export it with "
-               "--postprocess device") if info.head is None else "its batch axis is dynamic; set pad_partial = true"  # fmt: skip
-        raise ModelError(f"cuda_graph = \"on\": model {info.path.name} cannot run in a CUDA graph: {why}, or set cuda_graph = \"auto\"")
+        why = (
+            (
+                "its post-processing is in the graph (outputs of a new size every frame); export it with "
+                "--postprocess device"
+            )
+            if info.head is None
+            else "its batch axis is dynamic; set pad_partial = true"
+        )
+        raise ModelError(
+            f'cuda_graph = "on": model {info.path.name} cannot run in a CUDA graph: {why}, or set cuda_graph = "auto"'
+        )
     return can and setting != "off"
 
 
@@ -226,8 +242,11 @@ class CudaEngine:
             except InferenceError as exc:
                 if not (self.graph and cuda_graph == "auto"):
                     raise
-                log.warning("cuda engine: running %s in a CUDA graph failed (%s); running it without one",
-                            info.path.name, str(exc)[:300])
+                log.warning(
+                    "cuda engine: running %s in a CUDA graph failed (%s); running it without one",
+                    info.path.name,
+                    str(exc)[:300],
+                )
                 self.close()
                 self._slots = queue.Queue()
                 self.graph = False
@@ -236,10 +255,18 @@ class CudaEngine:
         log.info(
             "cuda engine: %d buffer(s) on device %d, model %s, postprocess %s, cuDNN algorithm search %s, batch %s, "
             "CUDA graph %s",
-            buffers, device_id, info.path.name, info.postprocess, self.conv_algo_search,
-            f"fixed at {info.batch} ({self.fixed_dim})" if self.fixed_dim else "dynamic" if info.dynamic_batch else info.batch,
+            buffers,
+            device_id,
+            info.path.name,
+            info.postprocess,
+            self.conv_algo_search,
+            f"fixed at {info.batch} ({self.fixed_dim})"
+            if self.fixed_dim
+            else "dynamic"
+            if info.dynamic_batch
+            else info.batch,
             "on" if self.graph else "off",
-        )  # fmt: skip
+        )
 
     def _make_slots(self) -> None:
         """`buffers` sessions, each with its own CUDA stream and IOBinding; with a CUDA graph (self.graph) each
@@ -265,9 +292,13 @@ class CudaEngine:
                 try:
                     sess = ort.InferenceSession(str(info.path), so, providers=[("CUDAExecutionProvider", opts)])
                 except Exception as exc:
-                    raise ModelError(f"model {info.path}: ONNX Runtime (CUDA) cannot load it: {str(exc)[:400]}") from exc
+                    raise ModelError(
+                        f"model {info.path}: ONNX Runtime (CUDA) cannot load it: {str(exc)[:400]}"
+                    ) from exc
                 if "CUDAExecutionProvider" not in sess.get_providers():
-                    raise DeviceError(f"ONNX Runtime fell back to {sess.get_providers()} for {info.path}; check the CUDA install")
+                    raise DeviceError(
+                        f"ONNX Runtime fell back to {sess.get_providers()} for {info.path}; check the CUDA install"
+                    )
                 binding = sess.io_binding()
                 slot = _Slot(i, sess, binding, stream)
                 if self.graph:
@@ -289,15 +320,18 @@ class CudaEngine:
         anchors = sum(head.level_sizes())
         shapes = {head.cls: [info.batch, anchors, head.num_classes], head.reg: [info.batch, anchors, 4]}
         slot.pad_buf = cp.zeros((info.batch, 3, info.height, info.width), dtype=self._dtype)
-        slot.binding.bind_input(info.input_name, "cuda", self.device_id, self._dtype, list(slot.pad_buf.shape),
-                                slot.pad_buf.data.ptr)  # fmt: skip
+        slot.binding.bind_input(
+            info.input_name, "cuda", self.device_id, self._dtype, list(slot.pad_buf.shape), slot.pad_buf.data.ptr
+        )
         types = {o.name: o.type for o in slot.session.get_outputs()}
         slot.outputs = []
         for name in info.output_names:
             dtype = _ORT_DTYPES.get(types.get(name, ""))
             if dtype is None:
-                raise ModelError(f"model {info.path.name}: output {name} has type {types.get(name)}; a CUDA graph "
-                                 "needs float outputs (set cuda_graph = \"off\")")  # fmt: skip
+                raise ModelError(
+                    f"model {info.path.name}: output {name} has type {types.get(name)}; a CUDA graph "
+                    'needs float outputs (set cuda_graph = "off")'
+                )
             ov = ort.OrtValue.ortvalue_from_shape_and_type(shapes[name], dtype, "cuda", self.device_id)
             slot.binding.bind_ortvalue_output(name, ov)
             slot.outputs.append(ov)
@@ -325,12 +359,19 @@ class CudaEngine:
                         self._on_slot(slot, Batch("warm-up", frames, data), synthetic=True)
                 self.warmed_with_detections = True
             except Exception as exc:  # the warm-up is an optimisation: never let it stop the engine
-                log.warning("cuda engine: warm-up with detections failed (%s); the first frames with detections "
-                            "will wait for CuPy's kernel compiles", str(exc)[:300])
+                log.warning(
+                    "cuda engine: warm-up with detections failed (%s); the first frames with detections "
+                    "will wait for CuPy's kernel compiles",
+                    str(exc)[:300],
+                )
             self._synthetic = None
         self.warmed_sizes = sizes
-        log.info("cuda engine: batch sizes %s warmed up on %d slot(s) in %.1f s",
-                 f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else sizes[0], len(self._all), time.perf_counter() - t0)
+        log.info(
+            "cuda engine: batch sizes %s warmed up on %d slot(s) in %.1f s",
+            f"{sizes[0]}-{sizes[-1]}" if len(sizes) > 1 else sizes[0],
+            len(self._all),
+            time.perf_counter() - t0,
+        )
 
     def _padded(self, slot: _Slot, x: Any, n: int) -> Any:
         """The `n` rows of `x` in the slot's own full-batch buffer (rows past `n` are left as they are and ignored):
@@ -380,9 +421,7 @@ class CudaEngine:
             else:
                 if info.dynamic_batch and self.pad_partial and n != info.batch:
                     x = self._padded(slot, x, n)
-                slot.binding.bind_input(
-                    info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr
-                )
+                slot.binding.bind_input(info.input_name, "cuda", self.device_id, self._dtype, list(x.shape), x.data.ptr)
                 # Bound again every run: after a run the binding holds that run's outputs, and ORT would
                 # take them as pre-allocated buffers of a fixed shape for the next one.
                 for name in info.output_names:

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from stream.errors import ModelError
 from stream.engines.postprocess import HeadSpec
+from stream.errors import ModelError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -189,9 +189,15 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
         head = HeadSpec.from_json(meta["stream.head"], f"model {path}: metadata stream.head")
         for name in (head.cls, head.reg):
             if name not in out_names:
-                raise _fail(path, f"has no output {name!r} that its stream.head metadata names (outputs: {', '.join(sorted(out_names))})")
+                raise _fail(
+                    path,
+                    f"has no output {name!r} that its stream.head metadata names (outputs: {', '.join(sorted(out_names))})",
+                )
         if head.image_size != (dims["height"], dims["width"]):
-            raise _fail(path, f"metadata stream.head is for {head.image_size[0]}x{head.image_size[1]} but the input is {dims['height']}x{dims['width']}")
+            raise _fail(
+                path,
+                f"metadata stream.head is for {head.image_size[0]}x{head.image_size[1]} but the input is {dims['height']}x{dims['width']}",
+            )
         names = {"boxes": "", "scores": "", "labels": "", "batch_index": None}
     else:
         if "stream.outputs" in meta:
@@ -246,14 +252,18 @@ def load_info(path: str | Path) -> ModelInfo:
 
     p = Path(path)
     if not p.is_file():
-        raise ModelError(f"model {p}: no such file. Pass --model with an .onnx file, or omit it for the shipped small model.")
+        raise ModelError(
+            f"model {p}: no such file. Pass --model with an .onnx file, or omit it for the shipped small model."
+        )
     try:
         so = ort.SessionOptions()
         so.log_severity_level = 3
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         sess = ort.InferenceSession(str(p), so, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own Fail/InvalidGraph/... types
-        raise ModelError(f"model {p}: ONNX Runtime cannot load it ({str(exc).splitlines()[0][:300]}). Re-export it with `stream export-model`.") from exc
+        raise ModelError(
+            f"model {p}: ONNX Runtime cannot load it ({str(exc).splitlines()[0][:300]}). Re-export it with `stream export-model`."
+        ) from exc
     meta = dict(sess.get_modelmeta().custom_metadata_map)
     return describe(p, meta, sess.get_inputs(), sess.get_outputs())
 
@@ -263,7 +273,9 @@ def _three(values: Any, path: Path, key: str) -> tuple[float, float, float]:
     try:
         a, b, c = (float(x) for x in values)
     except (TypeError, ValueError) as exc:
-        raise _fail(path, f"metadata stream.input {key} must be three numbers, one per RGB channel; got {values!r}") from exc
+        raise _fail(
+            path, f"metadata stream.input {key} must be three numbers, one per RGB channel; got {values!r}"
+        ) from exc
     return a, b, c
 
 

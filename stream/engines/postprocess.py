@@ -38,8 +38,8 @@ from typing import Protocol
 
 import numpy as np
 
-from stream.errors import ModelError
 from stream.core.frames import Array, ArrayModule, map_rows
+from stream.errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,12 @@ class HeadSpec:
                 "reg": self.reg,
                 "num_classes": self.num_classes,
                 "levels": [
-                    {"grid": list(lv.grid), "stride": list(lv.stride), "sizes": list(lv.sizes), "ratios": list(lv.ratios)}
+                    {
+                        "grid": list(lv.grid),
+                        "stride": list(lv.stride),
+                        "sizes": list(lv.sizes),
+                        "ratios": list(lv.ratios),
+                    }
                     for lv in self.levels
                 ],
                 "image_size": list(self.image_size),
@@ -122,7 +127,9 @@ class HeadSpec:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, IndexError) as exc:
             raise ModelError(f"{where} is malformed ({type(exc).__name__}: {exc})") from exc
         if not levels or spec.num_classes < 1 or len({len(lv.sizes) * len(lv.ratios) for lv in levels}) != 1:
-            raise ModelError(f"{where}: needs at least one level, classes, and the same anchors per location on every level")
+            raise ModelError(
+                f"{where}: needs at least one level, classes, and the same anchors per location on every level"
+            )
         return spec
 
 
@@ -187,7 +194,9 @@ class NumpyOps:
                 keep[i + 1 : e] &= ~(iou > np.float32(thresh))
         return keep
 
-    def decode(self, reg: np.ndarray, image: np.ndarray, anchor: np.ndarray, anchors: np.ndarray, spec: HeadSpec) -> np.ndarray:
+    def decode(
+        self, reg: np.ndarray, image: np.ndarray, anchor: np.ndarray, anchors: np.ndarray, spec: HeadSpec
+    ) -> np.ndarray:
         """The candidates' boxes: regression rows reg[image, anchor] against anchors[anchor] (decode_boxes)."""
         return decode_boxes(np, reg[image, anchor], anchors[anchor], spec)
 
@@ -195,7 +204,9 @@ class NumpyOps:
         """The rows `rows.final` marks (at most `limit`: what the batch can have), mapped to source pixels
         (frames.map_rows), after a first row whose first column is their count: [1 + count, 7] float32."""
         f = np.flatnonzero(rows.final)[:limit]
-        body = map_rows(np, rows.boxes[f], rows.scores[f], rows.labels[f], rows.image[f].astype(np.float32), sizes_wh, model_wh)
+        body = map_rows(
+            np, rows.boxes[f], rows.scores[f], rows.labels[f], rows.image[f].astype(np.float32), sizes_wh, model_wh
+        )
         head = np.zeros((1, 7), np.float32)
         head[0, 0] = len(f)
         return np.concatenate([head, body])
@@ -261,11 +272,18 @@ class Postprocessor:
         xp = self.xp
         r = self.rows(cls_logits, bbox_regression, valid)
         if r is None:
-            return xp.zeros((0, 4), xp.float32), xp.zeros((0,), xp.float32), xp.zeros((0,), xp.int64), xp.zeros((0,), xp.int64)
+            return (
+                xp.zeros((0, 4), xp.float32),
+                xp.zeros((0,), xp.float32),
+                xp.zeros((0,), xp.int64),
+                xp.zeros((0,), xp.int64),
+            )
         f = xp.flatnonzero(r.final)
         return r.boxes[f], r.scores[f], r.labels[f], r.image[f]
 
-    def packed(self, cls_logits: Array, bbox_regression: Array, valid: int, sizes_wh: Array, model_wh: tuple[int, int]) -> Array:
+    def packed(
+        self, cls_logits: Array, bbox_regression: Array, valid: int, sizes_wh: Array, model_wh: tuple[int, int]
+    ) -> Array:
         """[1 + N, 7] float32: row 0 holds N (column 0), rows 1..N the detections mapped to source pixels as
         frames.pack_detections maps them (x1 y1 x2 y2 score label batch_index). On CUDA rows past N may be
         left unwritten: read the count first (frames.unpack_counted)."""

@@ -38,6 +38,7 @@ def _kernels() -> tuple[Any, Any, Any, Any]:
         cp.ElementwiseKernel(*kernels.PACK, "stream_pack_detections"),
     )
 
+
 NMS_THREADS = 128
 SELECT_CAP = 1 << 20  # survivors of the score threshold sized for at first; grown when a batch has more
 
@@ -78,9 +79,22 @@ class CupyOps:
             return out
         wx, wy, ww, wh = (np.float32(w) for w in spec.box_weights)
         h, w = spec.image_size
-        _decode(cp.ascontiguousarray(reg).reshape(-1), cp.ascontiguousarray(image, cp.int64),
-                cp.ascontiguousarray(anchor, cp.int64), anchors.reshape(-1), np.int64(reg.shape[1]), wx, wy, ww, wh,
-                np.float32(spec.bbox_xform_clip), np.float32(w), np.float32(h), out.reshape(-1), size=k)  # fmt: skip
+        _decode(
+            cp.ascontiguousarray(reg).reshape(-1),
+            cp.ascontiguousarray(image, cp.int64),
+            cp.ascontiguousarray(anchor, cp.int64),
+            anchors.reshape(-1),
+            np.int64(reg.shape[1]),
+            wx,
+            wy,
+            ww,
+            wh,
+            np.float32(spec.bbox_xform_clip),
+            np.float32(w),
+            np.float32(h),
+            out.reshape(-1),
+            size=k,
+        )
         return out
 
     def nms(self, boxes: DeviceArray, gkey: DeviceArray, none: int, thresh: float) -> DeviceArray:
@@ -93,8 +107,11 @@ class CupyOps:
             return removed.astype(bool)
         gkey = cp.ascontiguousarray(gkey, cp.int64)
         ends = cp.searchsorted(gkey, gkey, side="right").astype(cp.int64, copy=False)
-        _nms((n,), (NMS_THREADS,), (cp.ascontiguousarray(boxes, cp.float32), gkey, ends, np.int64(none),
-                                    np.float32(thresh), removed))  # fmt: skip
+        _nms(
+            (n,),
+            (NMS_THREADS,),
+            (cp.ascontiguousarray(boxes, cp.float32), gkey, ends, np.int64(none), np.float32(thresh), removed),
+        )
         return (removed == 0) & (gkey != none)
 
     def pack(self, rows: Rows, sizes_wh: DeviceArray, model_wh: tuple[int, int], limit: int) -> DeviceArray:
@@ -107,9 +124,19 @@ class CupyOps:
         pos = cp.cumsum(rows.final.astype(cp.int64))
         out = cp.empty((1 + min(n, limit), 7), cp.float32)
         out[0] = 0
-        _pack(cp.ascontiguousarray(rows.boxes, cp.float32).reshape(-1), cp.ascontiguousarray(rows.scores, cp.float32),
-              cp.ascontiguousarray(rows.labels, cp.int64), cp.ascontiguousarray(rows.image, cp.int64),
-              cp.ascontiguousarray(rows.final), pos, cp.ascontiguousarray(sizes_wh, cp.int64).reshape(-1),
-              np.float32(model_wh[0]), np.float32(model_wh[1]), np.int64(n), np.int64(limit), out.reshape(-1),
-              size=n)  # 1-D views: a raw n-d array's flat index is unravelled by its shape per access; fmt: skip
+        _pack(
+            cp.ascontiguousarray(rows.boxes, cp.float32).reshape(-1),
+            cp.ascontiguousarray(rows.scores, cp.float32),
+            cp.ascontiguousarray(rows.labels, cp.int64),
+            cp.ascontiguousarray(rows.image, cp.int64),
+            cp.ascontiguousarray(rows.final),
+            pos,
+            cp.ascontiguousarray(sizes_wh, cp.int64).reshape(-1),
+            np.float32(model_wh[0]),
+            np.float32(model_wh[1]),
+            np.int64(n),
+            np.int64(limit),
+            out.reshape(-1),
+            size=n,
+        )  # 1-D views: a raw n-d array's flat index is unravelled by its shape per access
         return out

@@ -42,8 +42,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from stream.sinks.drawing import draw
 from stream.errors import StreamError, first_line
+from stream.sinks.drawing import draw
 from stream.sources.naming import Source, redact
 
 if TYPE_CHECKING:
@@ -358,7 +358,8 @@ class Annotator:
         self.state = "failed"
         kept = (
             f" at frame {self.frames} (what reached the file stays, playable up to its last complete fragment)"
-            if self.frames else ""
+            if self.frames
+            else ""
         )
         self.error = f"{message}. Annotation of stream {self.src.id} stopped{kept}"
         if self.publishing:
@@ -488,7 +489,8 @@ class AnnotatingSink:
         if src.live:
             log.warning(
                 "stream %s: not annotated: %s is a live feed, and only video files are annotated (--annotate)",
-                sid, redact(src.location),
+                sid,
+                redact(src.location),
             )
             self._skipped.add(sid)
             return None
@@ -527,15 +529,17 @@ class AnnotatingSink:
             pending = [a for a in anns if not a._done.is_set()]
             stuck = [a for a in pending if id(a) in aborted and now - aborted[id(a)] > 10.0]
             if stuck and len(stuck) == len(pending):
-                log.error("annotated videos not closed 10 s after being stopped: %s",
-                          ", ".join(str(a.output) for a in stuck))  # fmt: skip
+                log.error(
+                    "annotated videos not closed 10 s after being stopped: %s", ", ".join(str(a.output) for a in stuck)
+                )
                 return
             if not pending:
                 return
             if not told and now - start > 2.0:
                 told = True
                 log.info(
-                    "waiting for %d annotated video(s) to be written: %s (interrupt to stop now)", len(pending),
+                    "waiting for %d annotated video(s) to be written: %s (interrupt to stop now)",
+                    len(pending),
                     ", ".join(f"{a.src.id} at frame {a.frames}, {a.backlog()} queued" for a in pending),
                 )
             for a in pending:

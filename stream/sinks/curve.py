@@ -44,7 +44,9 @@ def _load(path: str | Path, what: str, need_secret: bool) -> tuple[bytes, bytes 
     try:
         public, secret = zmq.auth.load_certificate(p)
     except (ValueError, OSError) as exc:
-        raise ConfigError(f"{what} {p} is not a ZeroMQ certificate ({exc}); make keys with `stream keys generate`") from exc
+        raise ConfigError(
+            f"{what} {p} is not a ZeroMQ certificate ({exc}); make keys with `stream keys generate`"
+        ) from exc
     if need_secret and not secret:
         raise ConfigError(f"{what} {p} holds no secret key; pass the NAME.key_secret file")
     return public, secret

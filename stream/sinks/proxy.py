@@ -28,8 +28,8 @@ import zmq
 import zmq.asyncio
 from zmq.utils.monitor import recv_monitor_message
 
-from stream.sinks.publish import bind_error
 from stream.sinks.curve import ServerKeys, make_server
+from stream.sinks.publish import bind_error
 
 if TYPE_CHECKING:
     from zmq.auth.thread import ThreadAuthenticator
@@ -38,7 +38,9 @@ log = logging.getLogger(__name__)
 
 
 class Proxy:
-    def __init__(self, endpoint: str, hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None) -> None:
+    def __init__(
+        self, endpoint: str, hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None
+    ) -> None:
         self.endpoint = endpoint
         self.hwm = hwm
         self.linger_s = linger_s
@@ -64,8 +66,11 @@ class Proxy:
             self._auth = ThreadAuthenticator(self.ctx)
             self._auth.start()
             self._auth.configure_curve(domain="*", location=str(self.keys.clients_dir))
-            log.info("CURVE on: %d client key(s) in %s", len(list(self.keys.clients_dir.glob("*.key"))),
-                     self.keys.clients_dir)  # fmt: skip
+            log.info(
+                "CURVE on: %d client key(s) in %s",
+                len(list(self.keys.clients_dir.glob("*.key"))),
+                self.keys.clients_dir,
+            )
         xpub = self.ctx.socket(zmq.XPUB)
         make_server(xpub, self.keys)
         xpub.setsockopt(zmq.SNDHWM, self.hwm)
@@ -88,8 +93,11 @@ class Proxy:
             frame = self._xpub.recv()
             if frame[:1] == b"\x01":
                 self.subscriptions += 1
-                log.info("subscriber joined for %s (%d subscriptions)", frame[1:].decode(errors="replace") or "(all)",
-                         self.subscriptions)  # fmt: skip
+                log.info(
+                    "subscriber joined for %s (%d subscriptions)",
+                    frame[1:].decode(errors="replace") or "(all)",
+                    self.subscriptions,
+                )
         return self.subscriptions
 
     def start(self, upstream: list[str]) -> None:

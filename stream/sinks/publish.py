@@ -40,7 +40,12 @@ def bind_error(endpoint: str, exc: Exception) -> PublishError:
 
 class Publisher:
     def __init__(
-        self, endpoint: str, fmt: str = "json", hwm: int = 100_000, linger_s: float = 10.0, keys: ServerKeys | None = None
+        self,
+        endpoint: str,
+        fmt: str = "json",
+        hwm: int = 100_000,
+        linger_s: float = 10.0,
+        keys: ServerKeys | None = None,
     ) -> None:
         self.keys = keys
         self._auth: AsyncioAuthenticator | None = None
@@ -99,7 +104,7 @@ class Publisher:
         log.info("waiting for %d subscriber(s) on %s", count, self.endpoint)
         try:
             await asyncio.wait_for(self._subscribed.wait(), timeout_s if timeout_s > 0 else None)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
         return True
 

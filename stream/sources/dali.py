@@ -42,17 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from stream.sources.pyav import VideoInfo
-from stream.errors import DecodeError, first_line
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
+from stream.errors import DecodeError, first_line
 from stream.sources.naming import Source
+from stream.sources.pyav import VideoInfo
 
 log = logging.getLogger(__name__)
 
 DALI_CODECS = {"h264", "hevc"}
 DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:4:4 H.264 it does not)
-
 
 
 def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int = 2, sizes: bool = True) -> Any:
@@ -78,7 +77,11 @@ def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int 
         )
         shape = video.shape() if sizes else None  # [F, H, W, C] of the decoded frames, before the resize
         video = fn.resize(
-            video, resize_x=info.width, resize_y=info.height, interp_type=types.INTERP_LINEAR, antialias=False,
+            video,
+            resize_x=info.width,
+            resize_y=info.height,
+            interp_type=types.INTERP_LINEAR,
+            antialias=False,
             dtype=types.FLOAT,
         )
         video = fn.crop_mirror_normalize(
@@ -129,8 +132,14 @@ class DaliBatchSource:
                 self._pipe = build_pipeline(src.location, info, device_id, sizes=False)
                 self._pipe.build()
             self._epoch = int(self._pipe.epoch_size("reader"))
-            log.debug("stream %s: DALI pipeline for %s built in %.0f ms (%d sequences of %d frames)",
-                      src.id, src.location, 1000 * (time.perf_counter() - t0), self._epoch, info.batch)
+            log.debug(
+                "stream %s: DALI pipeline for %s built in %.0f ms (%d sequences of %d frames)",
+                src.id,
+                src.location,
+                1000 * (time.perf_counter() - t0),
+                self._epoch,
+                info.batch,
+            )
         except Exception as exc:  # DALI raises RuntimeError with the C++ message
             raise DecodeError(
                 f"stream {src.id}: DALI cannot decode file {src.location} on the GPU ({first_line(exc)})",
@@ -191,13 +200,18 @@ class DaliBatchSource:
             except Exception as exc:
                 log.warning(
                     "stream %s: NVDEC decoding of file %s failed after %d frames (%s); decoding the rest on the CPU",
-                    self.stream, self.src.location, index, first_line(exc),
+                    self.stream,
+                    self.src.location,
+                    index,
+                    first_line(exc),
                 )
                 yield from self._rest_on_cpu(index)
                 return
             valid = [i for i, n in enumerate(nums) if n >= 0]
             if valid != list(range(len(valid))):
-                raise DecodeError(f"stream {self.stream}: DALI returned frames out of order: {nums.tolist()}", stream=self.stream)
+                raise DecodeError(
+                    f"stream {self.stream}: DALI returned frames out of order: {nums.tolist()}", stream=self.stream
+                )
             frames = [
                 FrameMeta(index + i, float(times[i]) if i < len(times) else None, captured_at, width, height)
                 for i in valid
@@ -209,8 +223,10 @@ class DaliBatchSource:
                 log.warning(
                     "stream %s: the sequence parameters of file %s change at frame %d (its resolution may change); "
                     "NVDEC (DALI) decodes the frames before it, the CPU (PyAV) the rest",
-                    self.stream, self.src.location, cut,
-                )  # fmt: skip
+                    self.stream,
+                    self.src.location,
+                    cut,
+                )
                 frames = frames[: cut - index]
                 if frames:
                     yield Batch(self.stream, frames, data, ready=ready)
@@ -228,8 +244,8 @@ class DaliBatchSource:
 
     def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
         """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
-        from stream.sources.pyav import iter_rgb
         from stream.sources.host import HostPreprocessor
+        from stream.sources.pyav import iter_rgb
 
         pre = HostPreprocessor(self.info)
         data, frames = pre.new_batch(), list[FrameMeta]()

@@ -15,11 +15,11 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from stream.sources.pyav import iter_rgb, probe
-from stream.errors import DecodeError
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
+from stream.errors import DecodeError
 from stream.sources.naming import Source
+from stream.sources.pyav import iter_rgb, probe
 
 
 class HostPreprocessor:

@@ -45,9 +45,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from stream.config import Config
-from stream.errors import SourceError, first_line
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
+from stream.errors import SourceError, first_line
 from stream.sources.host import HostPreprocessor
 from stream.sources.naming import Source, redact, scheme_of
 
@@ -159,7 +159,7 @@ class LiveBatchSource:
         self._index = 0  # FrameMeta.index: counts on across reconnects
 
     def _choose_route(self, device: str) -> str:
-        """"nvdec" or "cpu" for this feed, from `live_decode` and what this machine has (before connecting: the
+        """ "nvdec" or "cpu" for this feed, from `live_decode` and what this machine has (before connecting: the
         feed's codec is checked per connection)."""
         mode = getattr(self.cfg, "live_decode", "auto")
         if mode == "cpu":
@@ -179,8 +179,8 @@ class LiveBatchSource:
             return "nvdec"
         if mode == "nvdec":
             raise SourceError(
-                f"{self._where}: live_decode = \"nvdec\" but NVDEC cannot decode live feeds here: {why}; "
-                f"run with --device cuda on a machine with PyNvVideoCodec, or set live_decode = \"auto\" or \"cpu\"",
+                f'{self._where}: live_decode = "nvdec" but NVDEC cannot decode live feeds here: {why}; '
+                f'run with --device cuda on a machine with PyNvVideoCodec, or set live_decode = "auto" or "cpu"',
                 stream=self.stream,
             )
         log.debug("%s: decoding on the CPU with PyAV (live_decode = auto: %s)", self._where, why)
@@ -227,8 +227,15 @@ class LiveBatchSource:
         # device rows: an event after every write to this batch (fills were enqueued under the lock, before it
         # left _filling/_ready); the inference stream waits on it. max_age_s/on_stale: the batcher drops (and
         # counts) frames that go stale while the batch waits for other streams or an inference slot.
-        return Batch(self.stream, keep, data, ready=rows.ready(), release=lambda: self._give_back(data, rows),
-                     max_age_s=limit, on_stale=lambda n: self._drop("stale", n))
+        return Batch(
+            self.stream,
+            keep,
+            data,
+            ready=rows.ready(),
+            release=lambda: self._give_back(data, rows),
+            max_age_s=limit,
+            on_stale=lambda n: self._drop("stale", n),
+        )
 
     def _give_back(self, data: Any, rows: Any = None) -> None:
         with self._cond:
@@ -296,8 +303,10 @@ class LiveBatchSource:
                 if streamed:
                     streak = 0
                 if cfg.max_reconnects and streak >= cfg.max_reconnects:
-                    self._fail(f"{self._where}: gave up after {streak} reconnects in a row ({why}); "
-                               f"check the camera or server, or raise max_reconnects (0: forever)")
+                    self._fail(
+                        f"{self._where}: gave up after {streak} reconnects in a row ({why}); "
+                        f"check the camera or server, or raise max_reconnects (0: forever)"
+                    )
                     return
                 delay = backoff_s(streak, cfg.reconnect_initial_s, max(cfg.reconnect_initial_s, cfg.reconnect_max_s))
                 streak += 1
@@ -321,8 +330,11 @@ class LiveBatchSource:
 
     def _nvdec_failed(self, exc: BaseException) -> None:
         """NVDEC failed on this feed: log it, and decode the feed on the CPU from now on."""
-        log.warning("%s: NVDEC decoding failed (%s); decoding this feed on the CPU with PyAV from its next "
-                    "keyframe on", self._where, self._scrub(first_line(exc)))
+        log.warning(
+            "%s: NVDEC decoding failed (%s); decoding this feed on the CPU with PyAV from its next keyframe on",
+            self._where,
+            self._scrub(first_line(exc)),
+        )
         self.route = "cpu"
         self._use_rows(self._host_rows)
 
@@ -334,19 +346,27 @@ class LiveBatchSource:
         refusal = nvdec_refusal(ctx.name, pix_fmt_name(ctx))
         if refusal is not None:
             if self.cfg.live_decode == "nvdec":
-                raise _Fatal(f"{self._where}: live_decode = \"nvdec\" but {refusal}; set live_decode = \"auto\" "
-                             f"(or \"cpu\") to decode this feed on the CPU")
+                raise _Fatal(
+                    f'{self._where}: live_decode = "nvdec" but {refusal}; set live_decode = "auto" '
+                    f'(or "cpu") to decode this feed on the CPU'
+                )
             log.warning("%s: %s; decoding this feed on the CPU with PyAV", self._where, refusal)
             self._use_rows(self._host_rows)
             return None
         try:
-            dec = NvdecDecoder(vs, stream_id=self.stream, device_id=self.cfg.device_id, cuda_stream=self._dev_rows.stream)
+            dec = NvdecDecoder(
+                vs, stream_id=self.stream, device_id=self.cfg.device_id, cuda_stream=self._dev_rows.stream
+            )
         except Exception as exc:
             self._nvdec_failed(exc)
             return None
         self._use_rows(self._dev_rows)
-        log.info("%s: decoding %s on NVDEC (PyNvVideoCodec, %s latency)", self._where, ctx.name,
-                 "low" if dec.low_latency else "native")
+        log.info(
+            "%s: decoding %s on NVDEC (PyNvVideoCodec, %s latency)",
+            self._where,
+            ctx.name,
+            "low" if dec.low_latency else "native",
+        )
         return dec
 
     def _session(self) -> tuple[str, bool]:

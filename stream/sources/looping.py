@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 
-from stream.errors import DecodeError
 from stream.core.frames import Batch, BatchSource
+from stream.errors import DecodeError
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +55,15 @@ class LoopingSource:
                 self._current = self._make()
                 self.rebuilt += 1
                 how = "a new source"
-            log.debug("stream %s: pass %d, %d frames in %.2f s; the next pass (%s) ready in %.3f s",
-                      self.stream, self.passes, count, t1 - t0, how, time.perf_counter() - t1)
+            log.debug(
+                "stream %s: pass %d, %d frames in %.2f s; the next pass (%s) ready in %.3f s",
+                self.stream,
+                self.passes,
+                count,
+                t1 - t0,
+                how,
+                time.perf_counter() - t1,
+            )
 
     def close(self) -> None:
         self._closed = True

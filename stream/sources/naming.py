@@ -15,8 +15,28 @@ from stream.config import SourceSpec
 from stream.errors import ConfigError
 
 VIDEO_SUFFIXES = {
-    ".mp4", ".m4v", ".mov", ".mkv", ".webm", ".avi", ".ts", ".mts", ".m2ts", ".flv", ".mpg", ".mpeg",
-    ".h264", ".264", ".h265", ".265", ".hevc", ".ivf", ".y4m", ".wmv", ".3gp", ".ogv",
+    ".mp4",
+    ".m4v",
+    ".mov",
+    ".mkv",
+    ".webm",
+    ".avi",
+    ".ts",
+    ".mts",
+    ".m2ts",
+    ".flv",
+    ".mpg",
+    ".mpeg",
+    ".h264",
+    ".264",
+    ".h265",
+    ".265",
+    ".hevc",
+    ".ivf",
+    ".y4m",
+    ".wmv",
+    ".3gp",
+    ".ogv",
 }
 LIVE_SCHEMES = ("rtsp", "rtsps", "rtmp", "rtmps", "http", "https", "udp", "tcp", "srt")
 

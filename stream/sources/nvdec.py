@@ -57,9 +57,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from stream.sources.pyav import ANNEXB_FILTERS, sequence_parameter_sets
-from stream.errors import DecodeError, first_line
 from stream.engines.model import ModelInfo
+from stream.errors import DecodeError, first_line
+from stream.sources.pyav import ANNEXB_FILTERS, sequence_parameter_sets
 
 if TYPE_CHECKING:
     import av
@@ -291,10 +291,21 @@ def nv12_to_row(
         plain = consts.plain is not None
         if not (out.flags.c_contiguous and out.dtype in (np.float16, np.float32)):
             raise ValueError(f"a model row must be C-contiguous float16 or float32, not {out.dtype}")
-        flat = [a.reshape(-1) for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)]
+        flat = [
+            a.reshape(-1)
+            for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)
+        ]
         # 1-D views (the arrays are contiguous): a raw n-d array's flat index is unravelled by its shape per access
-        k(yf, uvf, *flat, np.float32(consts.plain if plain else 0.0), np.int32(plain), np.int64(h * w), out.reshape(-1),
-          size=h * w)  # fmt: skip
+        k(
+            yf,
+            uvf,
+            *flat,
+            np.float32(consts.plain if plain else 0.0),
+            np.int32(plain),
+            np.int64(h * w),
+            out.reshape(-1),
+            size=h * w,
+        )
         return
     yuv = xp.empty((3, h, w), dtype=xp.float32)
     xp.sum(yf.take(plan.y_idx) * plan.y_w, axis=0, out=yuv[0])
@@ -373,8 +384,9 @@ class NvdecDecoder:
         try:
             self._bsf = BitStreamFilterContext(NVDEC_CODECS[self.codec], vs)
         except Exception as exc:
-            raise NvdecError(f"stream {stream_id}: bitstream filter {NVDEC_CODECS[self.codec]}: {first_line(exc)}",
-                             stream=stream_id) from exc
+            raise NvdecError(
+                f"stream {stream_id}: bitstream filter {NVDEC_CODECS[self.codec]}: {first_line(exc)}", stream=stream_id
+            ) from exc
         self._device = cp.cuda.Device(device_id)
         with self._device:
             self.stream = cuda_stream if cuda_stream is not None else cp.cuda.Stream(non_blocking=True)
@@ -405,8 +417,9 @@ class NvdecDecoder:
                 ctx = int(cp.cuda.driver.ctxGetCurrent())
             except Exception:
                 ctx = 0
-            base = dict(gpuid=self.device_id, codec=codec, usedevicememory=True, latency=latency,
-                        cudastream=self.stream.ptr)
+            base = dict(
+                gpuid=self.device_id, codec=codec, usedevicememory=True, latency=latency, cudastream=self.stream.ptr
+            )
             # Surfaces for up to 1080p (or the feed's own size, if larger): NVDEC reconfigures itself for a
             # resolution change within them; beyond them a new decoder is made (`_call`).
             big = dict(maxwidth=max(self.max_size[0], 1920), maxheight=max(self.max_size[1], 1088))
@@ -424,20 +437,35 @@ class NvdecDecoder:
                 except Exception as exc:
                     errors.append(first_line(exc))
             else:
-                raise NvdecError(f"stream {self.stream_id}: PyNvVideoCodec cannot make an NVDEC decoder for "
-                                 f"{self.codec} on device {self.device_id} ({'; '.join(errors)})", stream=self.stream_id)
+                raise NvdecError(
+                    f"stream {self.stream_id}: PyNvVideoCodec cannot make an NVDEC decoder for "
+                    f"{self.codec} on device {self.device_id} ({'; '.join(errors)})",
+                    stream=self.stream_id,
+                )
         self._pending.clear()
         self._last_ts = None
         self._reordered = False
         self._flushed = False
         if errors and self._on_our_stream:
-            log.info("stream %s: PyNvVideoCodec refused %d decoder setting(s) (%s); made it with %s", self.stream_id,
-                     len(errors), "; ".join(errors), ", ".join(sorted(k for k in kwargs if k not in base)) or "the basics")
+            log.info(
+                "stream %s: PyNvVideoCodec refused %d decoder setting(s) (%s); made it with %s",
+                self.stream_id,
+                len(errors),
+                "; ".join(errors),
+                ", ".join(sorted(k for k in kwargs if k not in base)) or "the basics",
+            )
         if not self._on_our_stream:
-            log.warning("stream %s: PyNvVideoCodec took no CUDA stream (%s); NVDEC frames are ordered by host "
-                        "syncs instead", self.stream_id, "; ".join(errors))
-        log.debug("stream %s: NVDEC decoder for %s, %s latency", self.stream_id, self.codec,
-                  "LOW" if self.low_latency else "NATIVE")
+            log.warning(
+                "stream %s: PyNvVideoCodec took no CUDA stream (%s); NVDEC frames are ordered by host syncs instead",
+                self.stream_id,
+                "; ".join(errors),
+            )
+        log.debug(
+            "stream %s: NVDEC decoder for %s, %s latency",
+            self.stream_id,
+            self.codec,
+            "LOW" if self.low_latency else "NATIVE",
+        )
 
     def close(self) -> None:
         self._dec = None
@@ -455,8 +483,11 @@ class NvdecDecoder:
         if ts is not None and self.low_latency:
             if self._last_ts is not None and ts < self._last_ts and not self._reordered:
                 self._reordered = True
-                log.warning("stream %s: the feed reorders frames (B-frames); NVDEC switches to NATIVE latency "
-                            "(display order, a few frames later) at the next keyframe", self.stream_id)
+                log.warning(
+                    "stream %s: the feed reorders frames (B-frames); NVDEC switches to NATIVE latency "
+                    "(display order, a few frames later) at the next keyframe",
+                    self.stream_id,
+                )
             self._last_ts = ts if self._last_ts is None else max(self._last_ts, ts)
         if key and (self._flushed or (self._reordered and self.low_latency)):
             if self._reordered:
@@ -465,8 +496,9 @@ class NvdecDecoder:
         try:
             filtered = self._bsf.filter(packet)
         except Exception as exc:
-            raise NvdecError(f"stream {self.stream_id}: bitstream filter failed ({first_line(exc)})",
-                             stream=self.stream_id) from exc
+            raise NvdecError(
+                f"stream {self.stream_id}: bitstream filter failed ({first_line(exc)})", stream=self.stream_id
+            ) from exc
         out: list[tuple[NvdecFrame, float | None]] = []
         for fp in filtered:
             if key:
@@ -474,8 +506,10 @@ class NvdecDecoder:
                 # reconfiguration (maxwidth/maxheight) kept the old output size. A new decoder gets it right.
                 sps = sequence_parameter_sets(bytes(fp), self.codec)
                 if sps and self._sps is not None and sps != self._sps:
-                    log.info("stream %s: new sequence parameters (the resolution may change): new NVDEC decoder",
-                             self.stream_id)
+                    log.info(
+                        "stream %s: new sequence parameters (the resolution may change): new NVDEC decoder",
+                        self.stream_id,
+                    )
                     out += self.flush()
                     self._create()
                 if sps:
@@ -505,8 +539,11 @@ class NvdecDecoder:
         pd.bsl = int(data.size)
         if fp.pts is not None:
             ts = int(fp.pts)
-            pts_s: float | None = float(fp.pts * fp.time_base) if fp.time_base is not None else (
-                float(fp.pts * self.time_base) if self.time_base is not None else None)
+            pts_s: float | None = (
+                float(fp.pts * fp.time_base)
+                if fp.time_base is not None
+                else (float(fp.pts * self.time_base) if self.time_base is not None else None)
+            )
         else:
             ts, pts_s = self._synthetic, None
             self._synthetic -= 1
@@ -539,8 +576,11 @@ class NvdecDecoder:
                 if retry and key:
                     # a keyframe the decoder cannot take: typically a resolution above the one its surfaces
                     # were made for. A new decoder starts from this keyframe.
-                    log.info("stream %s: NVDEC failed at a keyframe (%s); making a new decoder", self.stream_id,
-                             first_line(exc))
+                    log.info(
+                        "stream %s: NVDEC failed at a keyframe (%s); making a new decoder",
+                        self.stream_id,
+                        first_line(exc),
+                    )
                     pending = dict(self._pending)
                     self._create()
                     self._pending.update(pending)
@@ -571,8 +611,10 @@ class NvdecDecoder:
         mid-GOP starts with packets that reference frames never seen). Many in a row after frames came: NvdecError."""
         self._errors += 1
         if self.frames and self._errors >= self.max_errors:
-            raise NvdecError(f"stream {self.stream_id}: NVDEC failed on {self._errors} packets in a row "
-                             f"(last: {first_line(exc)})", stream=self.stream_id) from exc
+            raise NvdecError(
+                f"stream {self.stream_id}: NVDEC failed on {self._errors} packets in a row (last: {first_line(exc)})",
+                stream=self.stream_id,
+            ) from exc
         log.debug("stream %s: NVDEC could not decode a packet (%s)", self.stream_id, first_line(exc))
         return []
 
@@ -598,15 +640,20 @@ class NvdecDecoder:
     def _wrap(self, f: Any, cp: Any) -> NvdecFrame:
         fmt = str(getattr(f, "format", "")).upper()
         if any(k in fmt for k in ("YUV444", "P016", "P010", "NV16", "P216", "RGB")):
-            raise NvdecError(f"stream {self.stream_id}: NVDEC gave {fmt} frames; only 4:2:0 8-bit (NV12) is converted "
-                             f"here", stream=self.stream_id)
+            raise NvdecError(
+                f"stream {self.stream_id}: NVDEC gave {fmt} frames; only 4:2:0 8-bit (NV12) is converted here",
+                stream=self.stream_id,
+            )
         try:
             arr = cp.from_dlpack(f)
         except Exception as exc:
             arr = self._from_pointer(f, cp, exc)
         if arr.dtype != np.uint8 or arr.ndim != 2 or (2 * int(arr.shape[0])) % 3:
-            raise NvdecError(f"stream {self.stream_id}: NVDEC frame of shape {tuple(arr.shape)} {arr.dtype} is not "
-                             f"NV12 [H*3/2, W] uint8", stream=self.stream_id)
+            raise NvdecError(
+                f"stream {self.stream_id}: NVDEC frame of shape {tuple(arr.shape)} {arr.dtype} is not "
+                f"NV12 [H*3/2, W] uint8",
+                stream=self.stream_id,
+            )
         height, width = 2 * int(arr.shape[0]) // 3, int(arr.shape[1])
         return NvdecFrame(arr, width, height, self.colorspace, self.full_range, owner=f)
 
@@ -616,8 +663,11 @@ class NvdecDecoder:
             width, height = int(self._dec.GetWidth()), int(self._dec.GetHeight())
             ptr = int(f.GetPtrToPlane(0))
         except Exception as exc:
-            raise NvdecError(f"stream {self.stream_id}: a decoded frame cannot be read on the device "
-                             f"(DLPack: {first_line(why)}; pointer: {first_line(exc)})", stream=self.stream_id) from exc
+            raise NvdecError(
+                f"stream {self.stream_id}: a decoded frame cannot be read on the device "
+                f"(DLPack: {first_line(why)}; pointer: {first_line(exc)})",
+                stream=self.stream_id,
+            ) from exc
         n = height * 3 // 2 * width
         mem = cp.cuda.UnownedMemory(ptr, n, f, self.device_id)
         return cp.ndarray((height * 3 // 2, width), np.uint8, cp.cuda.MemoryPointer(mem, 0))
@@ -652,8 +702,15 @@ class DeviceRows:
 
     def fill(self, data: Any, row: int, frame: NvdecFrame) -> None:
         with self._device, self.stream:
-            nv12_to_row(self._cp, frame.y, frame.uv, data[row], self.info, colorspace=frame.colorspace,
-                        full_range=frame.full_range)
+            nv12_to_row(
+                self._cp,
+                frame.y,
+                frame.uv,
+                data[row],
+                self.info,
+                colorspace=frame.colorspace,
+                full_range=frame.full_range,
+            )
 
     def shift(self, data: Any, src: int, n: int) -> None:
         """Rows src..src+n-1 to rows 0..n-1 (the stale-drop). A device copy through a temporary: a kernel

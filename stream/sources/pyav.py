@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from stream.errors import DecodeError, SourceError, first_line
 from stream.core.frames import FrameMeta
+from stream.errors import DecodeError, SourceError, first_line
 from stream.sources.naming import Source, redact
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,6 @@ class VideoInfo:
     pix_fmt: str | None = None
 
 
-
 def open_container(src: Source):  # -> av.container.InputContainer
     import av
 
@@ -46,7 +45,9 @@ def open_container(src: Source):  # -> av.container.InputContainer
         if not p.exists():
             raise SourceError(f"{where} does not exist; check the path", stream=src.id)
         if p.is_dir():
-            raise SourceError(f"{where} is a folder; name the files in it, or pass the folder without ID=", stream=src.id)
+            raise SourceError(
+                f"{where} is a folder; name the files in it, or pass the folder without ID=", stream=src.id
+            )
         if p.stat().st_size == 0:
             raise SourceError(f"{where} is empty (0 bytes); it is not a video", stream=src.id)
     try:
@@ -71,12 +72,12 @@ def probe(src: Source) -> VideoInfo:
         vs = c.streams.video[0]
         ctx = vs.codec_context
         if not ctx.width or not ctx.height:
-            raise SourceError(f"stream {src.id}: file {src.location} has a video stream of unknown size; re-encode it", stream=src.id)
+            raise SourceError(
+                f"stream {src.id}: file {src.location} has a video stream of unknown size; re-encode it", stream=src.id
+            )
         rate = vs.average_rate or vs.guessed_rate
         pix_fmt = ctx.pix_fmt if isinstance(ctx.pix_fmt, str) else getattr(ctx.pix_fmt, "name", None)
-        return VideoInfo(
-            ctx.width, ctx.height, ctx.name, int(vs.frames or 0), float(rate) if rate else None, pix_fmt
-        )
+        return VideoInfo(ctx.width, ctx.height, ctx.name, int(vs.frames or 0), float(rate) if rate else None, pix_fmt)
 
 
 def frame_times(src: Source) -> list[float | None]:
@@ -234,6 +235,8 @@ def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta,
                 stream=src.id,
             )
         if index == 0:
-            raise DecodeError(f"stream {src.id}: file {src.location} has no decodable frame; re-encode it", stream=src.id)
+            raise DecodeError(
+                f"stream {src.id}: file {src.location} has no decodable frame; re-encode it", stream=src.id
+            )
     finally:
         container.close()

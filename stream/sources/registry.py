@@ -43,8 +43,8 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
     H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
     pool = pool_size(cfg, device)
     if device == "cuda" and not src.live:
-        from stream.sources.pyav import probe
         from stream.sources.dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource
+        from stream.sources.pyav import probe
 
         vi = probe(src)
         if vi.codec in DALI_CODECS and vi.pix_fmt in DALI_PIX_FMTS:
@@ -55,7 +55,10 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
         else:
             log.warning(
                 "stream %s: %s %s is not decoded by NVDEC here (it takes %s in 4:2:0); decoding on the CPU with PyAV",
-                src.id, vi.codec, vi.pix_fmt, "/".join(sorted(DALI_CODECS)),
+                src.id,
+                vi.codec,
+                vi.pix_fmt,
+                "/".join(sorted(DALI_CODECS)),
             )
     if src.live:  # NVDEC frame by frame on cuda (live_decode), else PyAV on the CPU (the CUDA engine uploads)
         from stream.sources.live import LiveBatchSource

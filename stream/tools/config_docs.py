@@ -116,8 +116,10 @@ def render() -> str:
         cells = (f"`{about.name}`", type_name, _default(about), _flag(about), about.help, _allowed(about))
         rows.append("| " + " | ".join(_cell(c) for c in cells) + " |")
     table_keys = "\n".join(f"  - `{k}`: {what}" for k, what in SOURCE_KEYS.items())
-    fixed = ", ".join(f"`{k}` unset" if KEYS[k].unset and v == KEYS[k].default else f"`{k} = {toml_literal(v)}`"
-                      for k, v in worker_settings().items())  # fmt: skip
+    fixed = ", ".join(
+        f"`{k}` unset" if KEYS[k].unset and v == KEYS[k].default else f"`{k} = {toml_literal(v)}`"
+        for k, v in worker_settings().items()
+    )
     sources, workers = _SOURCES.format(table_keys=table_keys), _WORKERS.format(fixed=fixed)
     return "\n".join([_INTRO, "\n".join(rows) + "\n", sources, workers])
 

@@ -30,8 +30,8 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from stream.errors import ModelError
 from stream.engines.model import ModelInfo, load_info, metadata_for
+from stream.errors import ModelError
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -142,7 +142,9 @@ def _build_tiny(num_classes: int, **kwargs: float) -> RetinaNet:
     # One size per level, three aspect ratios: 3 anchors a location instead of RetinaNet's 9, for speed.
     anchors = AnchorGenerator(sizes=((32,), (64,), (128,)), aspect_ratios=((0.5, 1.0, 2.0),) * 3)
     backbone = _tiny_backbone()
-    head = RetinaNetHead(TINY_CHANNELS, anchors.num_anchors_per_location()[0], num_classes, norm_layer=partial(nn.GroupNorm, 8))
+    head = RetinaNetHead(
+        TINY_CHANNELS, anchors.num_anchors_per_location()[0], num_classes, norm_layer=partial(nn.GroupNorm, 8)
+    )
     # torchvision draws these with std 0.01, which leaves every score within 0.01-0.03 of the prior: no
     # threshold then separates a few detections from thousands. 0.06 spreads the top scores over 0.5-0.9.
     nn.init.normal_(head.classification_head.cls_logits.weight, std=TINY_CLS_STD)
@@ -156,7 +158,9 @@ def _load_state_dict(model: nn.Module, path: Path, arch: str) -> None:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # pickle, zip and torch errors of many types
-        raise ModelError(f"weights file {path}: torch.load cannot read it ({str(exc).splitlines()[0][:200]}); pass a .pth state_dict") from exc
+        raise ModelError(
+            f"weights file {path}: torch.load cannot read it ({str(exc).splitlines()[0][:200]}); pass a .pth state_dict"
+        ) from exc
     for key in ("model", "state_dict"):  # training checkpoints often nest the state_dict
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -178,7 +182,9 @@ def build_model(arch: str, weights: str, *, score_thresh: float, max_detections:
     if arch not in ARCHITECTURES:
         raise ModelError(f"unknown --arch {arch!r}; choose one of {', '.join(ARCHITECTURES)}")
     if weights not in ("default", "random") and not Path(weights).is_file():  # before the slow model build
-        raise ModelError(f"weights file {weights}: no such file. Pass --weights default, random, or an existing .pth state_dict.")
+        raise ModelError(
+            f"weights file {weights}: no such file. Pass --weights default, random, or an existing .pth state_dict."
+        )
     kwargs = {"score_thresh": score_thresh, "detections_per_img": max_detections}
     # Seeded even for "default"/a path, so anything the weights do not cover is still reproducible.
     torch.manual_seed(seed)
@@ -314,24 +320,38 @@ def head_spec(model: RetinaNet, height: int, width: int) -> HeadSpec:
         feats = list(model.backbone(x).values())
     gen = model.anchor_generator
     if len(gen.sizes) != len(feats):
-        raise ModelError(f"the anchor generator has {len(gen.sizes)} levels but the backbone gives {len(feats)} feature maps")
+        raise ModelError(
+            f"the anchor generator has {len(gen.sizes)} levels but the backbone gives {len(feats)} feature maps"
+        )
     levels = tuple(
-        Level(grid=(int(f.shape[-2]), int(f.shape[-1])), stride=(ph // int(f.shape[-2]), pw // int(f.shape[-1])),
-              sizes=tuple(float(s) for s in sizes), ratios=tuple(float(r) for r in ratios))  # fmt: skip
+        Level(
+            grid=(int(f.shape[-2]), int(f.shape[-1])),
+            stride=(ph // int(f.shape[-2]), pw // int(f.shape[-1])),
+            sizes=tuple(float(s) for s in sizes),
+            ratios=tuple(float(r) for r in ratios),
+        )
         for f, sizes, ratios in zip(feats, gen.sizes, gen.aspect_ratios)
     )
     spec = HeadSpec(
-        cls=HEAD_OUTPUT_NAMES[0], reg=HEAD_OUTPUT_NAMES[1], num_classes=int(model.head.classification_head.num_classes),
-        levels=levels, image_size=(height, width), topk_candidates=int(model.topk_candidates),
-        nms_thresh=float(model.nms_thresh), detections_per_img=int(model.detections_per_img),
-        score_thresh=float(model.score_thresh), box_weights=_four(model.box_coder.weights),
+        cls=HEAD_OUTPUT_NAMES[0],
+        reg=HEAD_OUTPUT_NAMES[1],
+        num_classes=int(model.head.classification_head.num_classes),
+        levels=levels,
+        image_size=(height, width),
+        topk_candidates=int(model.topk_candidates),
+        nms_thresh=float(model.nms_thresh),
+        detections_per_img=int(model.detections_per_img),
+        score_thresh=float(model.score_thresh),
+        box_weights=_four(model.box_coder.weights),
         bbox_xform_clip=float(model.box_coder.bbox_xform_clip),
-    )  # fmt: skip
+    )
     with torch.no_grad():
         theirs = gen(ImageList(x, [(height, width)]), feats)[0].numpy()
     ours = anchors(spec)
     if theirs.shape != ours.shape or not np.array_equal(theirs, ours):
-        raise ModelError("anchors rebuilt from the head metadata differ from torchvision's; export with --postprocess graph")
+        raise ModelError(
+            "anchors rebuilt from the head metadata differ from torchvision's; export with --postprocess graph"
+        )
     return spec
 
 
@@ -350,12 +370,21 @@ def _trace_head(model: RetinaNet, path: Path, *, batch: int, height: int, width:
         warnings.simplefilter("ignore")
         with torch.no_grad():
             torch.onnx.export(
-                wrapped, (dummy,), str(path), input_names=[INPUT_NAME], output_names=list(HEAD_OUTPUT_NAMES),
-                dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True,
-            )  # fmt: skip
+                wrapped,
+                (dummy,),
+                str(path),
+                input_names=[INPUT_NAME],
+                output_names=list(HEAD_OUTPUT_NAMES),
+                dynamic_axes=dynamic,
+                opset_version=opset,
+                dynamo=False,
+                do_constant_folding=True,
+            )
 
 
-def _trace_to_onnx(model: RetinaNet, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int) -> None:
+def _trace_to_onnx(
+    model: RetinaNet, path: Path, *, batch: int, height: int, width: int, fp16: bool, opset: int
+) -> None:
     _require_torch()
     import torch
 
@@ -376,9 +405,16 @@ def _trace_to_onnx(model: RetinaNet, path: Path, *, batch: int, height: int, wid
         try:
             with torch.no_grad():
                 torch.onnx.export(
-                    wrapped, (dummy,), str(path), input_names=[INPUT_NAME], output_names=list(OUTPUT_NAMES),
-                    dynamic_axes=dynamic, opset_version=opset, dynamo=False, do_constant_folding=True,
-                )  # fmt: skip
+                    wrapped,
+                    (dummy,),
+                    str(path),
+                    input_names=[INPUT_NAME],
+                    output_names=list(OUTPUT_NAMES),
+                    dynamic_axes=dynamic,
+                    opset_version=opset,
+                    dynamo=False,
+                    do_constant_folding=True,
+                )
         except RuntimeError as exc:
             if fp16 and device == "cpu":
                 raise ModelError(
@@ -424,7 +460,9 @@ def export_model(
 
     height, width = (int(x) for x in input_size)
     if height < 32 or width < 32 or batch < 1 or max_detections < 1:
-        raise ModelError(f"bad export settings: input {height}x{width} (each at least 32), batch {batch}, max_detections {max_detections}")
+        raise ModelError(
+            f"bad export settings: input {height}x{width} (each at least 32), batch {batch}, max_detections {max_detections}"
+        )
     if postprocess not in POSTPROCESS:
         raise ModelError(f"unknown --postprocess {postprocess!r}; choose one of {', '.join(POSTPROCESS)}")
     out = Path(output)
@@ -440,12 +478,21 @@ def export_model(
         else:
             _trace_to_onnx(model, tmp, batch=batch, height=height, width=width, fp16=fp16, opset=opset)
         meta = metadata_for(
-            input_name=INPUT_NAME, batch=batch, height=height, width=width, dtype="float16" if fp16 else "float32",
-            labels=coco_labels(), score_thresh=score_thresh, architecture=arch,
-            weights=weights if weights in ("default", "random") else str(Path(weights).resolve()), head=head,
-        )  # fmt: skip
+            input_name=INPUT_NAME,
+            batch=batch,
+            height=height,
+            width=width,
+            dtype="float16" if fp16 else "float32",
+            labels=coco_labels(),
+            score_thresh=score_thresh,
+            architecture=arch,
+            weights=weights if weights in ("default", "random") else str(Path(weights).resolve()),
+            head=head,
+        )
         # Not part of the contract (ModelInfo.extra): what reproduces the file.
-        meta.update({"export.seed": str(seed), "export.torch": torch.__version__, "export.torchvision": torchvision.__version__})
+        meta.update(
+            {"export.seed": str(seed), "export.torch": torch.__version__, "export.torchvision": torchvision.__version__}
+        )
         _write_metadata(tmp, meta)
         load_info(tmp)  # the runtime's own check: fail here, not at the first video
         os.replace(tmp, out)
@@ -455,26 +502,46 @@ def export_model(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--weights", default="default", metavar="default|random|PATH.pth",
-                        help="'default': torchvision's COCO weights (downloaded once: needs internet); "
-                             "'random': seeded random init, for tests and benchmarks (detections are noise); "
-                             "or a .pth state_dict (default: default)")  # fmt: skip
+    parser.add_argument(
+        "--weights",
+        default="default",
+        metavar="default|random|PATH.pth",
+        help="'default': torchvision's COCO weights (downloaded once: needs internet); "
+        "'random': seeded random init, for tests and benchmarks (detections are noise); "
+        "or a .pth state_dict (default: default)",
+    )
     parser.add_argument("--arch", default="retinanet_resnet50_fpn_v2", choices=ARCHITECTURES)
-    parser.add_argument("--input-size", nargs=2, type=int, default=[800, 800], metavar=("H", "W"),
-                        help="model input height and width; frames are resized to it (default: 800 800)")  # fmt: skip
+    parser.add_argument(
+        "--input-size",
+        nargs=2,
+        type=int,
+        default=[800, 800],
+        metavar=("H", "W"),
+        help="model input height and width; frames are resized to it (default: 800 800)",
+    )
     # The defaults are the fastest configuration measured (bench/postprocess.py, bench/RESULTS.md): device
     # post-processing at batch 8, on the H200 (fp16: 415.8 fps end to end, against 338.1 with the graph's) and
     # on a 2-core CPU (fp32, small models: 100.6 fps against 65.2).
-    parser.add_argument("--batch", type=int, default=8,
-                        help="batch size: baked into the graph with --postprocess graph; the batch the runtime fills "
-                             "with --postprocess device, whose graph takes any (default: 8)")  # fmt: skip
-    parser.add_argument("--postprocess", choices=POSTPROCESS, default="device",
-                        help="device: the graph ends at the head and stream does top-k, box decoding and NMS for the "
-                             "whole batch on the GPU (CuPy) or CPU (numpy), the fastest measured on both; graph: "
-                             "torchvision's post-processing inside the ONNX graph, a self-contained model any ONNX "
-                             "runtime can use (default: device)")  # fmt: skip
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=8,
+        help="batch size: baked into the graph with --postprocess graph; the batch the runtime fills "
+        "with --postprocess device, whose graph takes any (default: 8)",
+    )
+    parser.add_argument(
+        "--postprocess",
+        choices=POSTPROCESS,
+        default="device",
+        help="device: the graph ends at the head and stream does top-k, box decoding and NMS for the "
+        "whole batch on the GPU (CuPy) or CPU (numpy), the fastest measured on both; graph: "
+        "torchvision's post-processing inside the ONNX graph, a self-contained model any ONNX "
+        "runtime can use (default: device)",
+    )
     parser.add_argument("--fp16", action="store_true", help="float16 input and convolutions (export on a CUDA machine)")
-    parser.add_argument("--score-thresh", type=float, default=0.05, help="minimum score kept in the graph (default: 0.05)")
+    parser.add_argument(
+        "--score-thresh", type=float, default=0.05, help="minimum score kept in the graph (default: 0.05)"
+    )
     parser.add_argument("--max-detections", type=int, default=100, help="detections per image after NMS (default: 100)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random init (default: 0)")
     parser.add_argument("--output", default="retinanet_resnet50_fpn_v2.onnx", help="where to write the .onnx file")
@@ -494,10 +561,18 @@ def run(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     try:
         path = export_model(
-            args.output, arch=args.arch, weights=args.weights, input_size=tuple(args.input_size), batch=args.batch,
-            fp16=args.fp16, score_thresh=args.score_thresh, max_detections=args.max_detections, seed=args.seed,
-            opset=args.opset, postprocess=args.postprocess,
-        )  # fmt: skip
+            args.output,
+            arch=args.arch,
+            weights=args.weights,
+            input_size=tuple(args.input_size),
+            batch=args.batch,
+            fp16=args.fp16,
+            score_thresh=args.score_thresh,
+            max_detections=args.max_detections,
+            seed=args.seed,
+            opset=args.opset,
+            postprocess=args.postprocess,
+        )
         info = load_info(path)
     except ModelError as exc:
         print(f"stream export-model: {exc}", file=sys.stderr)

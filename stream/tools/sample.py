@@ -95,7 +95,9 @@ def make_sample_video(
     # Temp name in the same folder (so the rename is atomic), hidden, and matched by .gitignore's *.mp4.tmp.
     tmp = out.with_name(f".{os.getpid()}.{out.name}.tmp")
     try:
-        with av.open(str(tmp), "w", format=_FORMATS.get(out.suffix.lower(), out.suffix.lstrip(".") or "mp4")) as container:
+        with av.open(
+            str(tmp), "w", format=_FORMATS.get(out.suffix.lower(), out.suffix.lstrip(".") or "mp4")
+        ) as container:
             stream = container.add_stream(codec, rate=fps)
             if not isinstance(stream, av.VideoStream):  # any codec name is accepted; this one must encode video
                 raise ValueError(f"{codec} is not a video codec")

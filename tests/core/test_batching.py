@@ -17,16 +17,15 @@ import numpy as np
 import pytest
 
 from stream import config
-from stream.core.runner import Runner
-from stream.daemon.serve import serve
 from stream.core.batcher import Batcher
 from stream.core.frames import Batch, FrameMeta, FrameResult
+from stream.core.runner import Runner
+from stream.daemon.serve import serve
 from stream.engines.cpu import CpuEngine
 from stream.engines.model import default_model_path, load_info
-from stream.tools.sample import make_sample_video
 from stream.sources.naming import Source
-
 from stream.testing import ListSink, RecordingInstrument
+from stream.tools.sample import make_sample_video
 from tests.conftest import unmatched
 
 
@@ -145,10 +144,17 @@ def test_batcher_waits_for_rows_then_times_out() -> None:
     eng = RecordingEngine()
     released: list[str] = []
     t0 = time.time()  # parts are made inside the run, within ~0.1 s of this
-    res, sizes, b = asyncio.run(_batcher_case(eng, 0.3, [
-        (_part("a", 1, released=released), 0.0), (_part("b", 2, released=released), 0.05),
-        (_part("c", 3, released=released), 0.0),  # would overflow 4: a+b go now, c waits for its timeout
-    ]))  # fmt: skip
+    res, sizes, b = asyncio.run(
+        _batcher_case(
+            eng,
+            0.3,
+            [
+                (_part("a", 1, released=released), 0.0),
+                (_part("b", 2, released=released), 0.05),
+                (_part("c", 3, released=released), 0.0),  # would overflow 4: a+b go now, c waits for its timeout
+            ],
+        )
+    )
     assert [x[0] for x in eng.batches] == ["a+b", "c"]
     assert sizes == [3, 3]
     assert eng.batches[0][2] - t0 < 0.2  # flushed by the overflow, not the timer
@@ -160,10 +166,16 @@ def test_batcher_waits_for_rows_then_times_out() -> None:
 def test_batcher_full_batches_go_at_once_and_old_frames_flush_now() -> None:
     eng = RecordingEngine()
     t0 = time.time()
-    res, sizes, _ = asyncio.run(_batcher_case(eng, 5.0, [
-        (_part("full", 4), 0.0),
-        (_part("live", 1, age_s=6.0), 0.0),  # captured longer than the timeout ago: no more waiting
-    ]))  # fmt: skip
+    res, sizes, _ = asyncio.run(
+        _batcher_case(
+            eng,
+            5.0,
+            [
+                (_part("full", 4), 0.0),
+                (_part("live", 1, age_s=6.0), 0.0),  # captured longer than the timeout ago: no more waiting
+            ],
+        )
+    )
     assert [x[0] for x in eng.batches] == ["full", "live"]
     assert time.time() - t0 < 1.0
     assert sizes == [4, 1]
@@ -183,7 +195,9 @@ def test_batcher_merged_rows_are_the_parts_rows() -> None:
 
 
 def test_batcher_failure_reaches_every_part() -> None:
-    res, _, _ = asyncio.run(_batcher_case(RecordingEngine(fail=True), 0.1, [(_part("a", 1), 0.0), (_part("b", 1), 0.0)]))
+    res, _, _ = asyncio.run(
+        _batcher_case(RecordingEngine(fail=True), 0.1, [(_part("a", 1), 0.0), (_part("b", 1), 0.0)])
+    )
     assert all(isinstance(r, RuntimeError) for r in res)
 
 
@@ -235,10 +249,16 @@ def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None
         return make
 
     eng = RecordingEngine()
-    res, sizes, _ = asyncio.run(_batcher_case(eng, 0.05, [
-        (live("old", 2, age_s=5.0), 0.0),  # all stale by the time a worker takes it: not run
-        (_part("file", 1, age_s=5.0), 0.0),  # a file's frames are never dropped, however old
-    ]))  # fmt: skip
+    res, sizes, _ = asyncio.run(
+        _batcher_case(
+            eng,
+            0.05,
+            [
+                (live("old", 2, age_s=5.0), 0.0),  # all stale by the time a worker takes it: not run
+                (_part("file", 1, age_s=5.0), 0.0),  # a file's frames are never dropped, however old
+            ],
+        )
+    )
     assert [x[0] for x in eng.batches] == ["file"] and sizes == [1]
     assert res[0] == [] and len(res[1]) == 1 and drops == [2]
 
@@ -356,13 +376,24 @@ def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Pat
     files = [make_sample_video(tmp_path / f"f{i}.mp4", width=320, height=240, seconds=1.0) for i in range(4)]
     feed = make_sample_video(tmp_path / "live.mp4", width=320, height=240, seconds=2.0)
     port = free_port()
-    server = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "paced_feed.py"), str(feed), str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    server = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "paced_feed.py"), str(feed), str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     time.sleep(0.5)  # it takes one client at a time: no probe connection
     try:
-        cfg = config.load(None, {"sources": [*(f"f{i}={p}" for i, p in enumerate(files)), f"live=tcp://127.0.0.1:{port}"],
-                                 "device": "cpu", "loop": True, "duration_s": 8.0, "progress": "off",
-                                 "publish": f"tcp://127.0.0.1:{free_port()}"})  # fmt: skip
+        cfg = config.load(
+            None,
+            {
+                "sources": [*(f"f{i}={p}" for i, p in enumerate(files)), f"live=tcp://127.0.0.1:{port}"],
+                "device": "cpu",
+                "loop": True,
+                "duration_s": 8.0,
+                "progress": "off",
+                "publish": f"tcp://127.0.0.1:{free_port()}",
+            },
+        )
         assert cfg.max_staleness_ms == 100
         result = asyncio.run(serve(cfg))
     finally:
@@ -398,7 +429,13 @@ def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
         b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
         futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
         await asyncio.sleep(0.1)
-        for part in (live("a", 1, 10), live("old", 2, 0, age_s=5.0), live("b", 2, 20), live("c", 1, 30), live("d", 2, 40)):
+        for part in (
+            live("a", 1, 10),
+            live("old", 2, 0, age_s=5.0),
+            live("b", 2, 20),
+            live("c", 1, 30),
+            live("d", 2, 40),
+        ):
             futs.append(b.submit(part))
             b.flush()  # each queued alone, as a part that reached the batcher past its batch timeout is
         await asyncio.sleep(0.1)

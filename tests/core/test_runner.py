@@ -24,8 +24,9 @@ def run(sources: dict[str, int], engine: FakeEngine | None = None, **kw: Any) ->
     cfg = config.load(None, {"device": "cpu", "progress": "off", "batch_timeout_ms": 20})
     sink = ListSink()
     factory = kw.pop("source_factory", lambda src: ListSource(src.id, INFO, frames=sources[src.id]))
-    runner = Runner(cfg, [Source(sid, "fake") for sid in sources], INFO, engine or FakeEngine(), sink,
-                    source_factory=factory, **kw)  # fmt: skip
+    runner = Runner(
+        cfg, [Source(sid, "fake") for sid in sources], INFO, engine or FakeEngine(), sink, source_factory=factory, **kw
+    )
     asyncio.run(runner.run())
     return sink, runner
 
@@ -72,8 +73,14 @@ def test_stop_publishes_what_was_read_and_counts_it() -> None:
     cfg = config.load(None, {"device": "cpu", "progress": "off"})
     sink = ListSink()
     engine = FakeEngine(delay_s=0.02)
-    runner = Runner(cfg, [Source("long", "fake")], INFO, engine, sink,
-                    source_factory=lambda src: ListSource(src.id, INFO, frames=4000))  # fmt: skip
+    runner = Runner(
+        cfg,
+        [Source("long", "fake")],
+        INFO,
+        engine,
+        sink,
+        source_factory=lambda src: ListSource(src.id, INFO, frames=4000),
+    )
 
     async def go() -> None:
         task = asyncio.create_task(runner.run())
@@ -133,9 +140,15 @@ def test_streams_are_added_and_removed_while_running() -> None:
     cfg = config.load(None, {"device": "cpu", "progress": "off"})
     sink = ListSink()
     sizes = {"first": 8, "added": 6, "endless": 10**6}
-    runner = Runner(cfg, [Source("first", "fake")], INFO, FakeEngine(delay_s=0.005), sink,
-                    source_factory=lambda src: ListSource(src.id, INFO, frames=sizes[src.id]),
-                    keep_running=True)  # fmt: skip
+    runner = Runner(
+        cfg,
+        [Source("first", "fake")],
+        INFO,
+        FakeEngine(delay_s=0.005),
+        sink,
+        source_factory=lambda src: ListSource(src.id, INFO, frames=sizes[src.id]),
+        keep_running=True,
+    )
 
     async def go() -> None:
         task = asyncio.create_task(runner.run())

@@ -44,8 +44,13 @@ def test_the_split_is_stable_and_keeps_the_given_order() -> None:
     assert assign(["a", "b", "c", "d"], 2) == assign(["a", "b", "c", "d"], 2)
     view = split(IDS[:50], Shard(1, 3))
     assert list(view.kept) == [sid for sid in IDS[:50] if sid in view.kept]
-    assert view.as_dict() == {"shard": "1/3", "index": 1, "count": 3, "streams": len(view.kept),
-                              "skipped": list(view.skipped)}  # fmt: skip
+    assert view.as_dict() == {
+        "shard": "1/3",
+        "index": 1,
+        "count": 3,
+        "streams": len(view.kept),
+        "skipped": list(view.skipped),
+    }
 
 
 def test_one_shard_takes_everything_and_fewer_ids_than_shards_still_fit() -> None:

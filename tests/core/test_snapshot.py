@@ -15,7 +15,6 @@ from stream import config
 from stream.core.runner import Runner
 from stream.engines.cpu import CpuEngine
 from stream.sources.naming import Source
-
 from stream.testing import ListSink
 
 

@@ -28,10 +28,31 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
     mport = free_port()
     col = Collector(endpoint, expect_streams=1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--source", f"cam={videos['plain']}", "--loop", "--duration", "12",
-         "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--metrics-port", str(mport),
-         "--progress", "off"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            f"cam={videos['plain']}",
+            "--loop",
+            "--duration",
+            "12",
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--metrics-port",
+            str(mport),
+            "--progress",
+            "off",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     per_file = decoded_frames(videos["plain"])
     try:
@@ -44,8 +65,12 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
         assert code == 200
         frames = [line for line in text.splitlines() if line.startswith('stream_frames_total{stream="cam"}')]
         assert frames and float(frames[0].split()[-1]) > per_file, text[:2000]
-        for name in ("stream_latency_seconds_bucket", "stream_batch_size_bucket", "stream_queue_depth",
-                     "stream_detections_total"):
+        for name in (
+            "stream_latency_seconds_bucket",
+            "stream_batch_size_bucket",
+            "stream_queue_depth",
+            "stream_detections_total",
+        ):
             assert name in text, name
         assert get(f"http://127.0.0.1:{mport}/nope")[0] == 404
         proc.send_signal(signal.SIGUSR1)  # every thread's stack to stderr; the run goes on
@@ -61,7 +86,7 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
     assert len(dets) > per_file
     assert msgs[-1] == {"v": 1, "type": "eos", "stream": "cam", "frames": len(dets), "read": len(dets), "dropped": 0}
     # the second pass gives the same detections as the first
-    assert [m["detections"] for m in dets[per_file:per_file + 10]] == [m["detections"] for m in dets[:10]]
+    assert [m["detections"] for m in dets[per_file : per_file + 10]] == [m["detections"] for m in dets[:10]]
 
 
 def wait_for(cond, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-def]
@@ -73,8 +98,13 @@ def wait_for(cond, timeout_s: float = 60.0) -> None:  # type: ignore[no-untyped-
 
 
 def ctl(control: str, *args: str) -> tuple[int, str, str]:
-    p = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, *args],
-                       capture_output=True, text=True, cwd=ROOT, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "stream", "ctl", "--control", control, *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+    )
     return p.returncode, p.stdout, p.stderr
 
 
@@ -87,9 +117,26 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
     cfg.write_text(f'sources = [{{id = "c", path = "{videos["plain"]}", loop = true}}]\nprogress = "off"\n' + roots)
     col = Collector(endpoint, expect_streams=99)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--config", str(cfg), "--device", "cpu", "--publish", endpoint,
-         "--wait-subscribers", "1", "--control", control],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--config",
+            str(cfg),
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--control",
+            control,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
 
     def ended(sid: str) -> bool:
@@ -126,7 +173,14 @@ def test_ctl_add_remove_list_and_sighup(videos: dict[str, Path], tmp_path: Path)
     for sid in ("b", "c", "d"):
         dets = [m for m in by[sid] if m["type"] == "detections"]
         assert [m["frame"] for m in dets] == list(range(len(dets))), sid
-        assert by[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(dets), "read": len(dets), "dropped": 0}, sid
+        assert by[sid][-1] == {
+            "v": 1,
+            "type": "eos",
+            "stream": sid,
+            "frames": len(dets),
+            "read": len(dets),
+            "dropped": 0,
+        }, sid
     assert len([m for m in by["b"] if m["type"] == "detections"]) == decoded_frames(videos["bframes"])
     assert len([m for m in by["d"] if m["type"] == "detections"]) == decoded_frames(videos["plain"])
 

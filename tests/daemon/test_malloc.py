@@ -16,8 +16,9 @@ def run_probe(env_extra: dict[str, str]) -> str:
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env_extra
-    return subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, env=env,
-                          check=True).stdout.strip()  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, cwd=ROOT, env=env, check=True
+    ).stdout.strip()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")

@@ -28,7 +28,6 @@ import pytest
 from stream.daemon.cli import build_parser
 from stream.daemon.http import Metrics
 from stream.daemon.status_page import draw, frame_jpeg
-
 from tests.conftest import ROOT, free_port
 
 
@@ -103,11 +102,21 @@ class FakeRunner:
         with self.lock:
             ids = list(self.ids)
         return [
-            {"id": sid, "source": f"/videos/{sid}.mp4", "state": "streaming", "frames": frames, "detections": 2 * frames,
-             "fps": 25.0, "latency_p50_ms": 12.5, "latency_p99_ms": 40.25, "dropped": 3, "reconnects": 1,
-             "error": None}
+            {
+                "id": sid,
+                "source": f"/videos/{sid}.mp4",
+                "state": "streaming",
+                "frames": frames,
+                "detections": 2 * frames,
+                "fps": 25.0,
+                "latency_p50_ms": 12.5,
+                "latency_p99_ms": 40.25,
+                "dropped": 3,
+                "reconnects": 1,
+                "error": None,
+            }
             for sid in ids
-        ]  # fmt: skip
+        ]
 
     def latest_frame(self, stream_id: str) -> tuple[np.ndarray, list[dict[str, Any]], tuple[int, int]] | None:
         with self.lock:
@@ -206,8 +215,9 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip("no chromium binary on PATH (Debian: apt-get install chromium chromium-driver)")
     driver_path = chromedriver_binary()
     if driver_path is None:
-        pytest.skip(f"chromium is here ({binary}) but not its WebDriver, chromedriver "
-                    "(Debian: apt-get install chromium-driver)")
+        pytest.skip(
+            f"chromium is here ({binary}) but not its WebDriver, chromedriver (Debian: apt-get install chromium-driver)"
+        )
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
@@ -216,9 +226,18 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = binary
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                "--window-size=1280,1000", f"--user-data-dir={tmp_path_factory.mktemp('chromium')}"):  # fmt: skip
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1280,1000",
+        f"--user-data-dir={tmp_path_factory.mktemp('chromium')}",
+    ):
         opts.add_argument(arg)
     driver = webdriver.Chrome(options=opts, service=Service(executable_path=driver_path))
     driver.set_page_load_timeout(30)
@@ -264,9 +283,12 @@ def test_page_updates_live_against_a_fake_runner(browser: Any, served: tuple[str
     assert int(rows["cam"]["frames"]) > first
     # every frame arrives, at the source's aspect ratio (after a first 404 that the page retries)
     images = wait_for(
-        lambda: (im := browser.execute_script(READ_IMAGES)) and len(im) == 3 and all(w > 0 for w, _ in im.values()) and im,
-        15, "three loaded images",
-    )  # fmt: skip
+        lambda: (
+            (im := browser.execute_script(READ_IMAGES)) and len(im) == 3 and all(w > 0 for w, _ in im.values()) and im
+        ),
+        15,
+        "three loaded images",
+    )
     assert images == {"cam": [64, 48], "lobby/a b": [64, 48], "<b>x</b>": [64, 48]}
     # a stream gone from the status disappears from the page
     with fake.lock:
@@ -280,11 +302,32 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--source", f"a={videos['plain']}", "--source",
-         f"b={videos['bframes']}", "--loop", "--device", "cpu", "--publish", f"tcp://127.0.0.1:{free_port()}",
-         "--http-port", str(port), "--progress", "off", "--duration", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            f"a={videos['plain']}",
+            "--source",
+            f"b={videos['bframes']}",
+            "--loop",
+            "--device",
+            "cpu",
+            "--publish",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--http-port",
+            str(port),
+            "--progress",
+            "off",
+            "--duration",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
     def streaming() -> bool:
         assert proc.poll() is None, f"stream run exited: {proc.communicate()[1][-3000:]}"
@@ -298,19 +341,28 @@ def test_page_against_a_running_daemon(browser: Any, videos: dict[str, Path]) ->
     try:
         wait_for(streaming, 60, "both streams streaming")
         browser.get(base + "/")
-        wait_for(lambda: set(rows_of(browser)) == {"a", "b"} and all(
-            r["frames"].isdigit() for r in rows_of(browser).values()), 20, "both streams on the page")  # fmt: skip
+        wait_for(
+            lambda: (
+                set(rows_of(browser)) == {"a", "b"} and all(r["frames"].isdigit() for r in rows_of(browser).values())
+            ),
+            20,
+            "both streams on the page",
+        )
         before = rows_of(browser)
-        wait_for(lambda: all(int(rows_of(browser)[sid]["frames"]) > int(before[sid]["frames"]) for sid in "ab"), 30,
-                 f"the page's frame counts to grow from {before}")  # the page refreshes itself
+        wait_for(
+            lambda: all(int(rows_of(browser)[sid]["frames"]) > int(before[sid]["frames"]) for sid in "ab"),
+            30,
+            f"the page's frame counts to grow from {before}",
+        )  # the page refreshes itself
         after = rows_of(browser)
         for sid in ("a", "b"):
             assert after[sid]["state"] == "streaming"
             assert after[sid]["latency_p50_ms"].endswith(" ms") and float(after[sid]["fps"]) > 0, after[sid]
         images = wait_for(
             lambda: (im := browser.execute_script(READ_IMAGES)) and all(im.get(s, [0])[0] > 0 for s in "ab") and im,
-            30, "both frames loaded",
-        )  # fmt: skip
+            30,
+            "both frames loaded",
+        )
         # the shipped model is 320x320: a 320x240 source comes back 320x240, a 352x288 one 320x262
         assert images == {"a": [320, 240], "b": [320, 262]}, images
         # the frame is the video's, not a blank: the sample has texture (and a stretch of plain black frames,

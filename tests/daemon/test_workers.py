@@ -19,7 +19,6 @@ import pytest
 from stream import config
 from stream.client import SeqGaps
 from stream.errors import ConfigError
-
 from tests.conftest import ROOT, Collector, collect_run, free_port, run_cli
 from tests.scenarios.test_e2e import check_stream, decoded_frames
 
@@ -37,8 +36,13 @@ class Daemon:
     """`stream run ARGS` in the background, its stderr read line by line on a thread."""
 
     def __init__(self, args: list[str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "stream", "run", *args], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "stream", "run", *args],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -79,8 +83,11 @@ def without_moves(msgs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def boxes_scores_labels(msgs: list[dict[str, Any]]) -> list[tuple[int, list[tuple[Any, ...]]]]:
-    return [(m["frame"], [(d["box"], d["score"], d["label"]) for d in m["detections"]])
-            for m in msgs if m["type"] == "detections"]  # fmt: skip
+    return [
+        (m["frame"], [(d["box"], d["score"], d["label"]) for d in m["detections"]])
+        for m in msgs
+        if m["type"] == "detections"
+    ]
 
 
 def wait_for(cond: Any, timeout_s: float = 60.0) -> None:
@@ -99,7 +106,10 @@ def wait_for(cond: Any, timeout_s: float = 60.0) -> None:
         ({"devices": [0, -1]}, ["-1 is negative"]),
         ({"devices": ["gpu1"]}, ["'gpu1' is neither"]),
         ({"devices": [0, "cpu"]}, ["mixes"]),
-        ({"devices": [0, 1], "device": "cpu"}, ["names CUDA device 0 but the device is cpu", 'devices = ["cpu", "cpu"]']),
+        (
+            {"devices": [0, 1], "device": "cpu"},
+            ["names CUDA device 0 but the device is cpu", 'devices = ["cpu", "cpu"]'],
+        ),
         ({"devices": ["cpu", "cpu"], "device": "cuda"}, ["asks for CPU workers but the device is cuda"]),
         ({"devices": ["cpu", "cpu"], "control": "tcp://127.0.0.1:5557"}, ["'control' (--control)", "one worker"]),
         ({"devices": ["cpu", "cpu"], "metrics_port": 8080}, ["'metrics_port' (--http-port)"]),
@@ -176,19 +186,35 @@ def _cuda_reason() -> str | None:
     return cuda_unavailable_reason()
 
 
-ON_CUDA = pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None,
-                                                                             reason="no CUDA path here")])  # fmt: skip
+ON_CUDA = pytest.param(
+    "cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(_cuda_reason() is not None, reason="no CUDA path here")]
+)
 
 
 @pytest.mark.parametrize("device", ["cpu", ON_CUDA])
-def test_a_killed_worker_s_streams_go_on_on_the_other(long_videos: dict[str, Path], model_info: Any, device: str) -> None:
+def test_a_killed_worker_s_streams_go_on_on_the_other(
+    long_videos: dict[str, Path], model_info: Any, device: str
+) -> None:
     """Two CPU workers, or two CUDA workers sharing one GPU (`--devices 0,0`, on the GPU host)."""
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     gaps = SeqGaps()
     col = Collector(endpoint, expect_streams=2, timeout_s=120, gaps=gaps)
     srcs = [a for sid, p in long_videos.items() for a in ("--source", f"{sid}={p}")]
-    d = Daemon([*srcs, "--devices", "cpu,cpu" if device == "cpu" else "0,0", "--device", device, "--publish", endpoint,
-                "--wait-subscribers", "1", "--progress", "off"])  # fmt: skip
+    d = Daemon(
+        [
+            *srcs,
+            "--devices",
+            "cpu,cpu" if device == "cpu" else "0,0",
+            "--device",
+            device,
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+        ]
+    )
     pids = d.worker_pids(120)
     assert pids["ka"] != pids["kb"], pids
     wait_for(lambda: sum(1 for m in col.messages if m["stream"] == "kb") >= 12, 120)
@@ -213,11 +239,24 @@ def test_sigterm_and_duration_stop_every_worker_gracefully(long_videos: dict[str
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         col = Collector(endpoint, expect_streams=2, timeout_s=60)
         extra = ["--duration", "3"] if stop == "duration" else []
-        d = Daemon([*srcs, "--loop", "--devices", "cpu,cpu", "--publish", endpoint, "--wait-subscribers", "1",
-                    "--progress", "off", *extra])  # fmt: skip
+        d = Daemon(
+            [
+                *srcs,
+                "--loop",
+                "--devices",
+                "cpu,cpu",
+                "--publish",
+                endpoint,
+                "--wait-subscribers",
+                "1",
+                "--progress",
+                "off",
+                *extra,
+            ]
+        )
         if stop == "sigterm":
             d.worker_pids()
-            wait_for(lambda: len({m["stream"] for m in col.messages}) == 2 and len(col.messages) >= 20)
+            wait_for(lambda: len({m["stream"] for m in col.messages}) == 2 and len(col.messages) >= 20)  # noqa: B023 (called here)
             d.proc.send_signal(signal.SIGTERM)
         assert d.wait() == 0, d.stderr
         col.join(30)
@@ -225,7 +264,14 @@ def test_sigterm_and_duration_stop_every_worker_gracefully(long_videos: dict[str
         for sid, msgs in col.by_stream().items():
             dets = [m for m in msgs if m["type"] == "detections"]
             assert [m["frame"] for m in dets] == list(range(len(dets))) and dets, sid
-            assert msgs[-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(dets), "read": len(dets), "dropped": 0}, (stop, sid)
+            assert msgs[-1] == {
+                "v": 1,
+                "type": "eos",
+                "stream": sid,
+                "frames": len(dets),
+                "read": len(dets),
+                "dropped": 0,
+            }, (stop, sid)
         if stop == "duration":
             assert "--duration 3s reached" in d.stderr
 
@@ -233,14 +279,44 @@ def test_sigterm_and_duration_stop_every_worker_gracefully(long_videos: dict[str
 # -- several daemons (hosts): one subscriber connects to every one ---------------------------------------------
 def test_subscribe_to_several_daemons(videos: dict[str, Path]) -> None:
     eps = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    sub = subprocess.Popen([sys.executable, "-m", "stream", "subscribe", *eps, "--json", "--stream", "a", "--stream", "b",
-                            "--until-eos", "--timeout", "60"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+    sub = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "subscribe",
+            *eps,
+            "--json",
+            "--stream",
+            "a",
+            "--stream",
+            "b",
+            "--until-eos",
+            "--timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     daemons = [
-        Daemon(["--source", f"{sid}={videos['plain']}", "--device", "cpu", "--publish", ep, "--wait-subscribers", "1",
-                "--progress", "off"])
+        Daemon(
+            [
+                "--source",
+                f"{sid}={videos['plain']}",
+                "--device",
+                "cpu",
+                "--publish",
+                ep,
+                "--wait-subscribers",
+                "1",
+                "--progress",
+                "off",
+            ]
+        )
         for sid, ep in zip("ab", eps)
-    ]  # fmt: skip
+    ]
     try:
         for d in daemons:
             assert d.wait() == 0, d.stderr
@@ -277,8 +353,21 @@ def test_two_cuda_workers_on_one_gpu_give_the_same_detections_as_one(videos: dic
     gaps = SeqGaps()
     col = Collector(endpoint, expect_streams=len(files), timeout_s=120, gaps=gaps)
     srcs = [a for p in files.values() for a in ("--source", str(p))]
-    d = Daemon([*srcs, "--devices", "0,0", "--device", "cuda", "--publish", endpoint, "--wait-subscribers", "1",
-                "--progress", "off"])  # fmt: skip
+    d = Daemon(
+        [
+            *srcs,
+            "--devices",
+            "0,0",
+            "--device",
+            "cuda",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+        ]
+    )
     pids = d.worker_pids(120)
     assert d.wait(180) == 0, d.stderr
     assert len(set(pids.values())) == 2 and set(pids) == set(files), pids

@@ -15,7 +15,7 @@ class _Ctx:
     def __init__(self, *a: object, **k: object) -> None:
         self.ptr = 1
 
-    def __enter__(self) -> "_Ctx":
+    def __enter__(self) -> _Ctx:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -25,8 +25,9 @@ class _Ctx:
         pass
 
 
-def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object, monkeypatch: pytest.MonkeyPatch,
-                                                              caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(
+    model_info: object, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """The CUDA engine's own control flow around the graph, with CuPy and ONNX Runtime stood in for at the seam
     (the GPU test test_cuda_graph_engine_gives_the_same_detections runs the real thing): with cuda_graph = auto a
     warm-up that fails in the graph is logged, the sessions are made again without one and warmed up, and the
@@ -39,8 +40,8 @@ def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object,
     import onnxruntime as ort
 
     from stream.engines import cuda as infer_cuda
-    from stream.errors import InferenceError
     from stream.engines.postprocess import HeadSpec, Level
+    from stream.errors import InferenceError
 
     fake = types.ModuleType("cupy")
     fake.cuda = types.SimpleNamespace(Device=_Ctx, Stream=_Ctx)  # type: ignore[attr-defined]
@@ -63,7 +64,9 @@ def test_cuda_engine_falls_back_from_a_cuda_graph_that_fails(model_info: object,
     monkeypatch.setattr(infer_cuda.CudaEngine, "_make_slots", make_slots)
     monkeypatch.setattr(infer_cuda.CudaEngine, "warm_up", warm_up)
     monkeypatch.setitem(sys.modules, "stream.engines.postprocess_cuda", types.SimpleNamespace(CupyOps=lambda: None))
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
+    spec = HeadSpec(
+        cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),)
+    )
     head = replace(model_info, head=spec, dynamic_batch=True, batch_dim="batch")  # type: ignore[type-var]
     with caplog.at_level(logging.WARNING, logger="stream.engines.cuda"):
         engine = infer_cuda.CudaEngine(head, buffers=2, cuda_graph="auto")
@@ -96,8 +99,8 @@ def test_cuda_graph_slots_run_on_their_own_thread(model_info: object, monkeypatc
     import numpy as np
     import onnxruntime as ort
 
-    from stream.engines import cuda as infer_cuda
     from stream.core.frames import Batch, FrameMeta
+    from stream.engines import cuda as infer_cuda
     from stream.engines.postprocess import HeadSpec, Level
 
     class _Binding:
@@ -144,7 +147,9 @@ def test_cuda_graph_slots_run_on_their_own_thread(model_info: object, monkeypatc
         return []
 
     monkeypatch.setattr(infer_cuda.CudaEngine, "_run", run)
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),))
+    spec = HeadSpec(
+        cls="c", reg="r", num_classes=3, image_size=(64, 96), levels=(Level((8, 12), (8, 8), (16.0,), (1.0,)),)
+    )
     head = replace(model_info, head=spec, dynamic_batch=True, batch_dim="batch", batch=2)  # type: ignore[type-var]
     engine = infer_cuda.CudaEngine(head, buffers=2, cuda_graph="auto")
     assert engine.graph and all(s.thread is not None for s in engine._all)

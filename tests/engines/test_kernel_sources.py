@@ -53,32 +53,44 @@ def c_params(spec: str, placeholders: dict[str, str], arrays: set[str]) -> tuple
     return ", ".join(out), reads
 
 
-def elementwise(kernel: tuple[str, str, str], name: str, placeholders: dict[str, str], arrays: tuple[str, ...] = ()) -> str:
+def elementwise(
+    kernel: tuple[str, str, str], name: str, placeholders: dict[str, str], arrays: tuple[str, ...] = ()
+) -> str:
     ins, outs, body = kernel
     types = "".join(f"typedef {c} {t};\n" for t, c in placeholders.items())
     pin, reads = c_params(ins, placeholders, set(arrays))
     pout, _ = c_params(outs, placeholders, set())
-    return (f"namespace {name}_ns {{\n{types}extern \"C\" void {name}({pin}, {pout}, long long size)"
-            f" {{\n  for (long long i = 0; i < size; ++i) {{\n{reads}{body}\n  }}\n}}\n}}\n")  # fmt: skip
+    return (
+        f'namespace {name}_ns {{\n{types}extern "C" void {name}({pin}, {pout}, long long size)'
+        f" {{\n  for (long long i = 0; i < size; ++i) {{\n{reads}{body}\n  }}\n}}\n}}\n"
+    )
 
 
 @pytest.fixture(scope="module")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    src = PRELUDE + cuda_sources.NMS + """
+    src = (
+        PRELUDE
+        + cuda_sources.NMS
+        + """
 extern "C" void run_nms(const float* boxes, const long long* gkey, const long long* ends, long long none, float thresh,
                         unsigned char* removed, long long n) {
     blockDim.x = 1; threadIdx.x = 0;
     for (long long b = 0; b < n; ++b) { blockIdx.x = b; stream_nms_sorted(boxes, gkey, ends, none, thresh, removed); }
 }
 """
+    )
     src += elementwise(cuda_sources.PACK, "run_pack", {})
     src += elementwise(cuda_sources.ROW, "run_row", {"I": "long long", "O": "float"})
     src += elementwise(cuda_sources.SELECT, "run_select", {"T": "float"}, arrays=("x",))
     src += elementwise(cuda_sources.DECODE, "run_decode", {"T": "float"})
     d = tmp_path_factory.mktemp("kernels")
     (d / "k.cpp").write_text(src)
-    subprocess.run([CXX, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")], check=True,
-                   capture_output=True, text=True)  # fmt: skip
+    subprocess.run(
+        [CXX, "-O1", "-shared", "-fPIC", "-o", str(d / "k.so"), str(d / "k.cpp")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return ctypes.CDLL(str(d / "k.so"))
 
 
@@ -106,8 +118,15 @@ def test_nms_kernel_equals_numpy(lib: Any, seed: int) -> None:
     boxes, gkey, none = sorted_groups(rng, n, groups=6, outside=37)
     ends = np.searchsorted(gkey, gkey, side="right").astype(np.int64)
     removed = np.zeros(n, np.uint8)
-    lib.run_nms(ptr(boxes), ptr(gkey), ptr(ends), ctypes.c_longlong(none), ctypes.c_float(0.5), ptr(removed),
-                ctypes.c_longlong(n))  # fmt: skip
+    lib.run_nms(
+        ptr(boxes),
+        ptr(gkey),
+        ptr(ends),
+        ctypes.c_longlong(none),
+        ctypes.c_float(0.5),
+        ptr(removed),
+        ctypes.c_longlong(n),
+    )
     got = (removed == 0) & (gkey != none)
     want = NumpyOps().nms(boxes, gkey, none, 0.5)
     assert got.sum() > 20 and (~got[: n - 37]).sum() > 50, "no NMS to compare"
@@ -129,9 +148,21 @@ def test_pack_kernel_equals_numpy(lib: Any, limit: int) -> None:
     sizes = np.array([[1920, 1080], [640, 360], [1281, 721], [800, 800]], np.int64)
     pos = np.cumsum(rows.final.astype(np.int64))
     out = np.full((1 + min(n, limit), 7), np.nan, np.float32)
-    lib.run_pack(ptr(rows.boxes), ptr(rows.scores), ptr(rows.labels), ptr(rows.image), ptr(np.ascontiguousarray(rows.final)),
-                 ptr(pos), ptr(sizes), ctypes.c_float(800), ctypes.c_float(800), ctypes.c_longlong(n),
-                 ctypes.c_longlong(limit), ptr(out), ctypes.c_longlong(n))  # fmt: skip
+    lib.run_pack(
+        ptr(rows.boxes),
+        ptr(rows.scores),
+        ptr(rows.labels),
+        ptr(rows.image),
+        ptr(np.ascontiguousarray(rows.final)),
+        ptr(pos),
+        ptr(sizes),
+        ctypes.c_float(800),
+        ctypes.c_float(800),
+        ctypes.c_longlong(n),
+        ctypes.c_longlong(limit),
+        ptr(out),
+        ctypes.c_longlong(n),
+    )
     want = NumpyOps().pack(rows, sizes, (800, 800), limit)
     count = int(want[0, 0])
     assert int(out[0, 0]) == count == min(int(rows.final.sum()), limit)
@@ -145,8 +176,11 @@ def test_row_kernel_equals_numpy(lib: Any, model_info: Any, normalized: bool, ta
 
     from stream.sources.nvdec import _make_consts, _make_plan, nv12_to_row
 
-    info = replace(model_info, dtype="float32",
-                   **({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)} if normalized else {}))  # fmt: skip
+    info = replace(
+        model_info,
+        dtype="float32",
+        **({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)} if normalized else {}),
+    )
     W, H = 322, 182
     rng = np.random.default_rng(W + normalized)
     y = rng.integers(0, 256, (H, W), dtype=np.uint8)
@@ -155,13 +189,23 @@ def test_row_kernel_equals_numpy(lib: Any, model_info: Any, normalized: bool, ta
     plan = _make_plan(np, H, W, H // 2, W // 2, h, w, tags.get("siting", "left"))
     consts = _make_consts(np, info, tags.get("colorspace"), tags.get("full_range", False))
     assert plan.y_idx.dtype == np.int64  # the placeholder I the harness compiled for
-    flat = [np.ascontiguousarray(a).reshape(-1) for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m,
-                                                           consts.offset, consts.a, consts.b)]  # fmt: skip
+    flat = [
+        np.ascontiguousarray(a).reshape(-1)
+        for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)
+    ]
     out = np.full(3 * h * w, np.nan, np.float32)
     plain = consts.plain is not None
     assert plain is not normalized
-    lib.run_row(ptr(y.reshape(-1)), ptr(uv.reshape(-1)), *map(ptr, flat), ctypes.c_float(consts.plain or 0.0),
-                ctypes.c_int(plain), ctypes.c_longlong(h * w), ptr(out), ctypes.c_longlong(h * w))  # fmt: skip
+    lib.run_row(
+        ptr(y.reshape(-1)),
+        ptr(uv.reshape(-1)),
+        *map(ptr, flat),
+        ctypes.c_float(consts.plain or 0.0),
+        ctypes.c_int(plain),
+        ctypes.c_longlong(h * w),
+        ptr(out),
+        ctypes.c_longlong(h * w),
+    )
     want = np.zeros((3, h, w), np.float32)
     nv12_to_row(np, y, uv, want, info, **tags)
     assert not np.isnan(out).any(), "pixels left unwritten"
@@ -178,8 +222,15 @@ def test_select_kernel_equals_numpy(lib: Any) -> None:
         count = np.zeros(1, np.int32)
         idx = np.full(cap, -1, np.int64)
         scores = np.zeros(cap, np.float32)
-        lib.run_select(ptr(flat), ctypes.c_float(0.3), ctypes.c_longlong(cap), ptr(count), ptr(idx), ptr(scores),
-                       ctypes.c_longlong(len(flat)))  # fmt: skip
+        lib.run_select(
+            ptr(flat),
+            ctypes.c_float(0.3),
+            ctypes.c_longlong(cap),
+            ptr(count),
+            ptr(idx),
+            ptr(scores),
+            ctypes.c_longlong(len(flat)),
+        )
         assert int(count[0]) == len(want_idx) > 1000
         m = min(cap, len(want_idx))
         order = np.argsort(idx[:m])
@@ -196,8 +247,14 @@ def test_decode_kernel_equals_numpy(lib: Any, weights: tuple[float, ...]) -> Non
     large dw/dh (clamped) and boxes past the image (clipped)."""
     from stream.engines.postprocess import HeadSpec, Level, anchors
 
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), box_weights=weights,  # type: ignore[arg-type]
-                    levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),))  # fmt: skip
+    spec = HeadSpec(
+        cls="c",
+        reg="r",
+        num_classes=3,
+        image_size=(64, 96),
+        box_weights=weights,  # type: ignore[arg-type]
+        levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),),
+    )
     anc = np.ascontiguousarray(anchors(spec))
     rng = np.random.default_rng(5)
     b, a, k = 3, anc.shape[0], 500
@@ -208,9 +265,22 @@ def test_decode_kernel_equals_numpy(lib: Any, weights: tuple[float, ...]) -> Non
     image[:20], anchor[:20] = 0, np.arange(20)
     out = np.full((k, 4), np.nan, np.float32)
     wx, wy, ww, wh = weights
-    lib.run_decode(ptr(reg), ptr(image), ptr(anchor), ptr(anc), ctypes.c_longlong(a), ctypes.c_float(wx),
-                   ctypes.c_float(wy), ctypes.c_float(ww), ctypes.c_float(wh), ctypes.c_float(spec.bbox_xform_clip),
-                   ctypes.c_float(96), ctypes.c_float(64), ptr(out), ctypes.c_longlong(k))  # fmt: skip
+    lib.run_decode(
+        ptr(reg),
+        ptr(image),
+        ptr(anchor),
+        ptr(anc),
+        ctypes.c_longlong(a),
+        ctypes.c_float(wx),
+        ctypes.c_float(wy),
+        ctypes.c_float(ww),
+        ctypes.c_float(wh),
+        ctypes.c_float(spec.bbox_xform_clip),
+        ctypes.c_float(96),
+        ctypes.c_float(64),
+        ptr(out),
+        ctypes.c_longlong(k),
+    )
     want = NumpyOps().decode(reg, image, anchor, anc, spec)
     assert ((want == 0) | (want == 96) | (want == 64)).any() and not np.isnan(out).any()
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-4)
@@ -222,13 +292,20 @@ def test_the_harness_can_fail(lib: Any) -> None:
     boxes, gkey, none = sorted_groups(rng, 200, groups=3, outside=0)
     ends = np.searchsorted(gkey, gkey, side="right").astype(np.int64)
     removed = np.zeros(200, np.uint8)
-    lib.run_nms(ptr(boxes), ptr(gkey), ptr(ends), ctypes.c_longlong(none), ctypes.c_float(1.0), ptr(removed),
-                ctypes.c_longlong(200))  # fmt: skip
+    lib.run_nms(
+        ptr(boxes),
+        ptr(gkey),
+        ptr(ends),
+        ctypes.c_longlong(none),
+        ctypes.c_float(1.0),
+        ptr(removed),
+        ctypes.c_longlong(200),
+    )
     assert removed.sum() == 0 and not np.array_equal(removed == 0, NumpyOps().nms(boxes, gkey, none, 0.5))
 
 
 def test_sources_name_what_the_cuda_modules_build() -> None:
     text = Path(cuda_sources.__file__).read_text()
-    assert "stream_nms_sorted" in cuda_sources.NMS and "extern \"C\" __global__" in cuda_sources.NMS
+    assert "stream_nms_sorted" in cuda_sources.NMS and 'extern "C" __global__' in cuda_sources.NMS
     assert all(len(k) == 3 for k in (cuda_sources.SELECT, cuda_sources.DECODE, cuda_sources.PACK, cuda_sources.ROW))
     assert "ROW = (" in text

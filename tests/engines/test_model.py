@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from stream.errors import ModelError
 from stream.engines.model import describe, load_info, metadata_for
+from stream.errors import ModelError
 
 OUTS = [NS(name=n) for n in ("boxes", "scores", "labels", "batch_index")]
 
@@ -20,8 +20,17 @@ def inp(shape: list[Any], type_: str = "tensor(float)", name: str = "images") ->
 
 
 def meta(**kw: Any) -> dict[str, str]:
-    args = dict(input_name="images", batch=4, height=320, width=320, dtype="float32", labels=["bg", "person"],
-                score_thresh=0.3, architecture="x", weights="random")
+    args = dict(
+        input_name="images",
+        batch=4,
+        height=320,
+        width=320,
+        dtype="float32",
+        labels=["bg", "person"],
+        score_thresh=0.3,
+        architecture="x",
+        weights="random",
+    )
     args.update(kw)
     return metadata_for(**args)
 

@@ -20,12 +20,11 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("torchvision")
 ort = pytest.importorskip("onnxruntime")
 
-from stream.errors import ModelError  # noqa: E402
-from stream.tools.export import build_model, export_model, head_spec  # noqa: E402
 from stream.engines.model import describe, load_info  # noqa: E402
 from stream.engines.postprocess import HeadSpec, Level, Postprocessor, anchors  # noqa: E402
+from stream.errors import ModelError  # noqa: E402
+from stream.tools.export import build_model, export_model, head_spec  # noqa: E402
 from stream.tools.sample import _background, render_frame  # noqa: E402
-
 from tests.conftest import collect_run, detections_of, unmatched  # noqa: E402
 from tests.postprocess_ref import assert_parity, compare, reference  # noqa: E402
 
@@ -35,7 +34,13 @@ HEIGHT, WIDTH = 256, 320
 @pytest.fixture(scope="module")
 def head_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("head")
-    common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (HEIGHT, WIDTH), "batch": 4, "score_thresh": 0.3}
+    common = {
+        "arch": "retinanet_tiny",
+        "weights": "random",
+        "input_size": (HEIGHT, WIDTH),
+        "batch": 4,
+        "score_thresh": 0.3,
+    }
     return {
         "fp32": export_model(d / "tiny_head.onnx", postprocess="device", **common),
         "fp16": export_model(d / "tiny_head16.onnx", postprocess="device", fp16=True, **common),
@@ -58,7 +63,10 @@ def head_outputs(path: Path, x: np.ndarray) -> tuple[Any, np.ndarray, np.ndarray
     return info, cls, reg
 
 
-@pytest.mark.parametrize(("height", "width", "arch"), [(256, 320, "retinanet_tiny"), (250, 330, "retinanet_tiny"), (800, 800, "retinanet_resnet50_fpn_v2")])
+@pytest.mark.parametrize(
+    ("height", "width", "arch"),
+    [(256, 320, "retinanet_tiny"), (250, 330, "retinanet_tiny"), (800, 800, "retinanet_resnet50_fpn_v2")],
+)
 def test_anchors_equal_torchvisions(height: int, width: int, arch: str) -> None:
     """Including a size that is not a multiple of 32 (padded) and the full model's 5 levels at 800x800,
     whose strides are 8, 16, 32, 61 and 114 by torchvision's rule (size // grid), not powers of two."""
@@ -92,9 +100,19 @@ def test_rows_past_valid_are_ignored(head_models: dict[str, Path]) -> None:
 
 def test_crowded_synthetic_heads_equal_torchvision() -> None:
     """Random head outputs over a small grid: thousands of candidates, heavy NMS, per-level top-k cut."""
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), topk_candidates=50, detections_per_img=40,
-                    score_thresh=0.2, levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),
-                                              Level((4, 6), (16, 16), (32.0,), (0.5, 1.0, 2.0, 4.0, 0.25, 1.5))))  # fmt: skip
+    spec = HeadSpec(
+        cls="c",
+        reg="r",
+        num_classes=3,
+        image_size=(64, 96),
+        topk_candidates=50,
+        detections_per_img=40,
+        score_thresh=0.2,
+        levels=(
+            Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),
+            Level((4, 6), (16, 16), (32.0,), (0.5, 1.0, 2.0, 4.0, 0.25, 1.5)),
+        ),
+    )
     rng = np.random.default_rng(0)
     a = anchors(spec).shape[0]
     cls = rng.normal(0, 1.5, (5, a, 3)).astype(np.float32)
@@ -106,9 +124,19 @@ def test_crowded_synthetic_heads_equal_torchvision() -> None:
     assert all(n == spec.detections_per_img for n, _ in np.array(r["per_image"])[[0, 1, 3, 4]].tolist())
 
 
-CROWDED = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), topk_candidates=50, detections_per_img=40,
-                   score_thresh=0.2, levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),
-                                             Level((4, 6), (16, 16), (32.0,), (0.5, 1.0, 2.0, 4.0, 0.25, 1.5))))  # fmt: skip
+CROWDED = HeadSpec(
+    cls="c",
+    reg="r",
+    num_classes=3,
+    image_size=(64, 96),
+    topk_candidates=50,
+    detections_per_img=40,
+    score_thresh=0.2,
+    levels=(
+        Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),
+        Level((4, 6), (16, 16), (32.0,), (0.5, 1.0, 2.0, 4.0, 0.25, 1.5)),
+    ),
+)
 
 
 def crowded_heads(seed: int = 0, images: int = 5) -> tuple[np.ndarray, np.ndarray]:
@@ -146,8 +174,16 @@ def test_warm_up_outputs_are_full_of_detections() -> None:
     from stream.core.frames import pack_detections
     from stream.engines.cuda import synthetic_outputs
 
-    spec = HeadSpec(cls="c", reg="r", num_classes=3, image_size=(64, 96), topk_candidates=50, detections_per_img=40,
-                    score_thresh=0.3, levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),))  # fmt: skip
+    spec = HeadSpec(
+        cls="c",
+        reg="r",
+        num_classes=3,
+        image_size=(64, 96),
+        topk_candidates=50,
+        detections_per_img=40,
+        score_thresh=0.3,
+        levels=(Level((8, 12), (8, 8), (16.0, 20.0), (0.5, 1.0, 2.0)),),
+    )
     a = anchors(spec).shape[0]
     blank = [np.zeros((4, a, 3), np.float16), np.zeros((4, a, 4), np.float16)]
     cls, reg = synthetic_outputs(np, blank, 4, head=True)
@@ -158,7 +194,12 @@ def test_warm_up_outputs_are_full_of_detections() -> None:
         assert sorted(set(bi.tolist())) == list(range(n)), f"batch of {n}: images without detections"
         packed = pack_detections(np, boxes, scores, labels, bi, sizes[:n], (96, 64), n)
         assert len(packed) == len(scores) > 10 * n
-    graph = [np.zeros((0, 4), np.float32), np.zeros((0,), np.float32), np.zeros((0,), np.int64), np.zeros((0,), np.int64)]
+    graph = [
+        np.zeros((0, 4), np.float32),
+        np.zeros((0,), np.float32),
+        np.zeros((0,), np.int64),
+        np.zeros((0,), np.int64),
+    ]
     made = synthetic_outputs(np, graph, 4, head=False)
     assert [m.dtype for m in made] == [g.dtype for g in graph] and len(made[0]) == 32
     assert (made[0][:, 2:] > made[0][:, :2]).all() and sorted(set(made[3].tolist())) == [0, 1, 2, 3]
@@ -167,7 +208,13 @@ def test_warm_up_outputs_are_full_of_detections() -> None:
 
 def test_pipeline_with_a_head_model_equals_the_graph_model(tmp_path: Path, videos: dict[str, Path]) -> None:
     """Same weights exported both ways: `stream run` publishes the same detections, frame by frame."""
-    common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (HEIGHT, WIDTH), "batch": 4, "score_thresh": 0.3}
+    common = {
+        "arch": "retinanet_tiny",
+        "weights": "random",
+        "input_size": (HEIGHT, WIDTH),
+        "batch": 4,
+        "score_thresh": 0.3,
+    }
     graph = export_model(tmp_path / "graph.onnx", **common)
     head = export_model(tmp_path / "head.onnx", postprocess="device", **common)
     from tests.conftest import free_port
@@ -178,8 +225,12 @@ def test_pipeline_with_a_head_model_equals_the_graph_model(tmp_path: Path, video
         got[name] = detections_of(msgs["v"])
     assert len(got["graph"]) == len(got["head"]) > 0
     total = sum(len(d) for d in got["graph"])
-    missing = sum(len(unmatched(a, b, min_iou=0.999, score_tol=1e-4, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
-    extra = sum(len(unmatched(b, a, min_iou=0.999, score_tol=1e-4, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
+    missing = sum(
+        len(unmatched(a, b, min_iou=0.999, score_tol=1e-4, floor=0.0)) for a, b in zip(got["graph"], got["head"])
+    )
+    extra = sum(
+        len(unmatched(b, a, min_iou=0.999, score_tol=1e-4, floor=0.0)) for a, b in zip(got["graph"], got["head"])
+    )
     assert total > 0 and missing <= max(1, total // 100) and extra <= max(1, total // 100), (total, missing, extra)
 
 
@@ -211,8 +262,21 @@ def test_export_reports_postprocess(tmp_path: Path, capsys: pytest.CaptureFixtur
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)
-    args = parser.parse_args(["--arch", "retinanet_tiny", "--weights", "random", "--input-size", "64", "96",
-                              "--postprocess", "device", "--output", str(tmp_path / "h.onnx")])  # fmt: skip
+    args = parser.parse_args(
+        [
+            "--arch",
+            "retinanet_tiny",
+            "--weights",
+            "random",
+            "--input-size",
+            "64",
+            "96",
+            "--postprocess",
+            "device",
+            "--output",
+            str(tmp_path / "h.onnx"),
+        ]
+    )
     assert run(args) == 0
     assert "postprocess device" in capsys.readouterr().out
     info = load_info(tmp_path / "h.onnx")

@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 
 from stream.engines.device import cuda_unavailable_reason
-
 from tests.conftest import collect_run, detections_of, free_port, unmatched
 
 REASON = cuda_unavailable_reason()
@@ -97,7 +96,9 @@ def h264(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     }
 
 
-def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any, caplog: pytest.LogCaptureFixture) -> None:
+def test_gpu_matches_cpu_and_counts_vary(
+    h264: dict[str, Path], model_info: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     srcs = [str(p) for p in h264.values()]
     caplog.set_level(logging.INFO)
     gpu, gmsgs = collect_run(srcs, ep(), device="cuda")
@@ -112,7 +113,7 @@ def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any,
         assert len(g) == len(c) == gpu.stats[sid].frames == cpu.stats[sid].frames
         assert [m["frame"] for m in gmsgs[sid][:-1]] == list(range(len(g)))
         assert gmsgs[sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": len(g), "read": len(g), "dropped": 0}
-        for i, (gd, cd) in enumerate(zip(g, c)):
+        for gd, cd in zip(g, c):
             missed += len(unmatched(cd, gd, min_iou=0.8, score_tol=0.03, floor=floor))
             missed += len(unmatched(gd, cd, min_iou=0.8, score_tol=0.03, floor=floor))
             compared += sum(d["score"] >= floor for d in cd) + sum(d["score"] >= floor for d in gd)
@@ -120,7 +121,9 @@ def test_gpu_matches_cpu_and_counts_vary(h264: dict[str, Path], model_info: Any,
         counts += [len(d) for d in g]
         pts = [m["pts_s"] for m in gmsgs[sid][:-1]]
         assert all(b > a for a, b in zip(pts, pts[1:])), "pts_s must increase"
-    print(f"gpu vs cpu: {missed} of {compared} detections unmatched; counts differ by {count_diff} over {len(counts)} frames")
+    print(
+        f"gpu vs cpu: {missed} of {compared} detections unmatched; counts differ by {count_diff} over {len(counts)} frames"
+    )
     assert compared > 100 and missed <= 0.2 * compared, f"{missed} of {compared} detections unmatched"
     assert count_diff <= 1.0 * len(counts), f"per-frame counts differ by {count_diff} in all over {len(counts)} frames"
     assert 0 in counts and len(set(counts)) > 3, f"detection counts do not vary: {sorted(set(counts))}"
@@ -133,7 +136,9 @@ def test_no_frame_sized_tensor_reaches_the_host(h264: dict[str, Path], monkeypat
     assert frames > 0 and len(detections_of(msgs["hd"])) == frames
     assert guard.copies, "the guard saw no copy at all: it is not wired to the path"
     frame_bytes = 1280 * 720 * 3
-    assert guard.largest < frame_bytes // 100, f"a large device-to-host copy happened: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
+    assert guard.largest < frame_bytes // 100, (
+        f"a large device-to-host copy happened: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
+    )
 
 
 def test_guard_catches_a_frame_copy(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -253,8 +258,10 @@ def test_partial_batches_of_streams_merge_on_the_device(tmp_path: Path) -> None:
     """Tails of DALI streams (device batches) stacked into shared runs give the same detections as alone."""
     from stream.tools.sample import make_sample_video
 
-    files = [str(make_sample_video(tmp_path / f"t{i}.mp4", width=320 + 64 * i, height=240, fps=10, seconds=s))
-             for i, s in enumerate((0.5, 0.6, 0.7))]  # fmt: skip
+    files = [
+        str(make_sample_video(tmp_path / f"t{i}.mp4", width=320 + 64 * i, height=240, fps=10, seconds=s))
+        for i, s in enumerate((0.5, 0.6, 0.7))
+    ]
     _, merged = collect_run(files, ep(), device="cuda", batch_timeout_ms=2000)
     _, alone = collect_run(files, ep(), device="cuda", batch_timeout_ms=0)
     for sid in alone:
@@ -288,20 +295,31 @@ def test_snapshot_and_gpu_memory_gauge(h264: dict[str, Path], model_info: Any) -
         while time.monotonic() < deadline:
             body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
             metrics_text.append(body)
-            if any(line.startswith("stream_gpu_memory_bytes") and float(line.split()[-1]) > 0
-                   for line in body.splitlines()):  # fmt: skip
+            if any(
+                line.startswith("stream_gpu_memory_bytes") and float(line.split()[-1]) > 0 for line in body.splitlines()
+            ):
                 break
             time.sleep(0.05)
 
-    cfg = config.load(None, {"sources": [f"plain={h264['plain']}"], "device": "cuda", "progress": "off",
-                             "metrics_port": port, "publish": ep()})  # fmt: skip
+    cfg = config.load(
+        None,
+        {
+            "sources": [f"plain={h264['plain']}"],
+            "device": "cuda",
+            "progress": "off",
+            "metrics_port": port,
+            "publish": ep(),
+        },
+    )
 
     async def go() -> Any:
         async def poll() -> None:
             while True:
                 await asyncio.sleep(0.5)
                 try:
-                    body = await asyncio.to_thread(lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read())
+                    body = await asyncio.to_thread(
+                        lambda: urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics").read()
+                    )
                     metrics_text.append(body.decode())
                 except OSError:
                     pass
@@ -336,12 +354,11 @@ def test_a_looped_file_keeps_its_dali_pipeline(h264: dict[str, Path], tmp_path: 
     import cupy as cp
 
     from stream import config
-    from stream.sources.registry import make_source
+    from stream.engines.model import default_model_path, load_info
     from stream.sources.dali import DaliBatchSource
     from stream.sources.looping import LoopingSource
-    from stream.engines.model import default_model_path, load_info
     from stream.sources.naming import Source
-
+    from stream.sources.registry import make_source
     from tests.scenarios.test_e2e import decoded_frames
 
     path = tmp_path / "loop.mp4"

@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from stream.engines.device import cuda_unavailable_reason
-
 from tests.conftest import collect_run, detections_of, free_port, unmatched
 from tests.postprocess_ref import assert_parity, reference
 
@@ -40,9 +39,16 @@ def r50(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     for precision in ("fp32", "fp16"):
         p = have / f"r50_head_{precision}.onnx"
         if not p.is_file():
-            p = export_model(tmp_path_factory.mktemp("r50") / p.name, arch="retinanet_resnet50_fpn_v2", weights="random",
-                             input_size=(800, 800), batch=8, fp16=precision == "fp16", score_thresh=THRESH,
-                             postprocess="device")  # fmt: skip
+            p = export_model(
+                tmp_path_factory.mktemp("r50") / p.name,
+                arch="retinanet_resnet50_fpn_v2",
+                weights="random",
+                input_size=(800, 800),
+                batch=8,
+                fp16=precision == "fp16",
+                score_thresh=THRESH,
+                postprocess="device",
+            )
         out[precision] = p
     return out
 
@@ -98,7 +104,6 @@ def test_cupy_ops_on_crowded_synthetic_heads(tmp_path: Path) -> None:
     from stream.core.frames import pack_detections, unpack_counted
     from stream.engines.postprocess import Postprocessor
     from stream.engines.postprocess_cuda import CupyOps
-
     from tests.engines.test_postprocess import CROWDED, crowded_heads
 
     cls, reg = crowded_heads()
@@ -113,8 +118,16 @@ def test_cupy_ops_on_crowded_synthetic_heads(tmp_path: Path) -> None:
         got = post.packed(dc, dr, n, ds, (96, 64)).get()
         assert int(got[0, 0]) == len(want)
         np.testing.assert_array_equal(unpack_counted(got), want)
-    assert len(unpack_counted(post.packed(cp.full(cls.shape, -20.0, cp.float32), cp.asarray(reg), 5, cp.asarray(sizes),
-                                          (96, 64)).get())) == 0  # fmt: skip
+    assert (
+        len(
+            unpack_counted(
+                post.packed(
+                    cp.full(cls.shape, -20.0, cp.float32), cp.asarray(reg), 5, cp.asarray(sizes), (96, 64)
+                ).get()
+            )
+        )
+        == 0
+    )
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
@@ -144,7 +157,9 @@ def test_cupy_postprocess_equals_torchvision(r50: dict[str, Path], real_frames: 
         np.testing.assert_array_equal(got, want)
         ref = reference(info.head, cls.get(), reg.get(), device="cuda")
         r = assert_parity(ours, ref)
-        print(f"{precision} batch {n}: {r['total']} reference detections, {r['unmatched']} unmatched, {r['extra']} extra; per image {r['per_image']}")
+        print(
+            f"{precision} batch {n}: {r['total']} reference detections, {r['unmatched']} unmatched, {r['extra']} extra; per image {r['per_image']}"
+        )
         totals.append(r["total"])
         if n == 3:
             assert r["per_image"][1] == (0, 0)
@@ -162,7 +177,10 @@ def test_gpu_pipeline_with_head_model_equals_graph_model(tmp_path: Path) -> None
 
     video = make_sample_video(tmp_path / "v.mp4", width=640, height=360, seconds=3.0)
     common = {"arch": "retinanet_tiny", "weights": "random", "input_size": (384, 640), "batch": 8, "score_thresh": 0.3}
-    models = {"graph": export_model(tmp_path / "g.onnx", **common), "head": export_model(tmp_path / "h.onnx", postprocess="device", **common)}
+    models = {
+        "graph": export_model(tmp_path / "g.onnx", **common),
+        "head": export_model(tmp_path / "h.onnx", postprocess="device", **common),
+    }
     got = {}
     for name, model in models.items():
         result, msgs = collect_run([f"v={video}"], ep(), device="cuda", model=str(model))
@@ -170,16 +188,21 @@ def test_gpu_pipeline_with_head_model_equals_graph_model(tmp_path: Path) -> None
         got[name] = detections_of(msgs["v"])
     assert len(got["graph"]) == len(got["head"]) == 90
     total = sum(len(d) for d in got["graph"])
-    missing = sum(len(unmatched(a, b, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
-    extra = sum(len(unmatched(b, a, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"]))
+    missing = sum(
+        len(unmatched(a, b, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"])
+    )
+    extra = sum(
+        len(unmatched(b, a, min_iou=0.99, score_tol=1e-3, floor=0.0)) for a, b in zip(got["graph"], got["head"])
+    )
     print(f"graph vs head model on cuda: {total} detections, {missing} missing, {extra} extra")
     assert total > 0 and missing <= max(1, total // 100) and extra <= max(1, total // 100)
 
 
-def test_head_model_keeps_the_outputs_on_the_device(r50: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_head_model_keeps_the_outputs_on_the_device(
+    r50: dict[str, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """The head outputs (hundreds of MB a batch) never cross to the host: only the packed detections do."""
     from stream.tools.sample import make_sample_video
-
     from tests.gpu.test_gpu import HostCopyGuard
 
     video = make_sample_video(tmp_path / "hd.mp4", width=1280, height=720, seconds=1.0)
@@ -205,8 +228,9 @@ def both(a: Any, b: Any, frames: np.ndarray, n: int) -> list[tuple[list[dict[str
     return [(dets(fa), dets(fb)) for fa, fb in zip(ra, rb)]
 
 
-def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(r50: dict[str, Path],
-                                                                         real_frames: np.ndarray) -> None:  # fmt: skip
+def test_dynamic_batch_engine_warms_every_size_and_heuristic_search_agrees(
+    r50: dict[str, Path], real_frames: np.ndarray
+) -> None:
     """A dynamic-batch model meets batch sizes 1..8 (live feeds, file tails): the engine runs each once per slot
     at start, with cuDNN's heuristic algorithm choice ("auto"); its detections match an EXHAUSTIVE engine's."""
     from stream.engines.cuda import CudaEngine
@@ -281,7 +305,9 @@ def test_cuda_graph_engine_gives_the_same_detections(r50: dict[str, Path], real_
         CudaEngine(info, buffers=1, pad_partial=False, cuda_graph="on", warm_up=False)
 
 
-def test_cuda_graph_engine_from_many_threads_beside_other_gpu_work(r50: dict[str, Path], real_frames: np.ndarray) -> None:
+def test_cuda_graph_engine_from_many_threads_beside_other_gpu_work(
+    r50: dict[str, Path], real_frames: np.ndarray
+) -> None:
     """The daemon's shape of the graph engine's use: batches come from whichever batcher worker is free, while
     decoders allocate and run kernels on streams of their own. On the H100 (2026-12-05) ORT's per-thread graph
     was captured again from each new caller thread, and the captures failed (cudaErrorStreamCaptureUnsupported).

@@ -45,8 +45,14 @@ def bad_files(tmp_path_factory: pytest.TempPathFactory, videos: dict[str, Path])
             frame.pts = i * 1024
             c.mux(s.encode(frame))
         c.mux(s.encode())
-    return {"missing": d / "missing.mp4", "notes": text, "empty": empty, "truncated": truncated, "cut": cut,
-            "audio": audio}
+    return {
+        "missing": d / "missing.mp4",
+        "notes": text,
+        "empty": empty,
+        "truncated": truncated,
+        "cut": cut,
+        "audio": audio,
+    }
 
 
 def test_bad_sources_fail_alone(videos: dict[str, Path], bad_files: dict[str, Path], model_info: Any) -> None:
@@ -54,7 +60,9 @@ def test_bad_sources_fail_alone(videos: dict[str, Path], bad_files: dict[str, Pa
     streams = {"good": videos["plain"], **bad_files}
     col = Collector(endpoint, expect_streams=len(streams))
     args = [a for sid, p in streams.items() for a in ("--source", f"{sid}={p}")]
-    proc = run_cli(["run", *args, "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"])
+    proc = run_cli(
+        ["run", *args, "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"]
+    )
     col.join()
     by = col.by_stream()
     assert proc.returncode == 1, proc.stderr
@@ -88,8 +96,21 @@ def test_wrong_model_inputs_exit_2(tmp_path: Path, videos: dict[str, Path]) -> N
     model.ir_version = 8
     bad = tmp_path / "rank3.onnx"
     onnx.save(model, str(bad))
-    proc = run_cli(["run", "--source", str(videos["plain"]), "--model", str(bad), "--device", "cpu",
-                    "--publish", f"tcp://127.0.0.1:{free_port()}", "--progress", "off"])
+    proc = run_cli(
+        [
+            "run",
+            "--source",
+            str(videos["plain"]),
+            "--model",
+            str(bad),
+            "--device",
+            "cpu",
+            "--publish",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--progress",
+            "off",
+        ]
+    )
     assert proc.returncode == 2
     (line,) = [line for line in proc.stderr.splitlines() if " ERROR " in line]
     assert str(bad) in line and "rank 3" in line and "stream export-model" in line
@@ -104,8 +125,23 @@ def test_missing_model_exit_2(tmp_path: Path) -> None:
 def test_unknown_url_scheme_fails_alone(videos: dict[str, Path], model_info: Any) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     col = Collector(endpoint, expect_streams=2)
-    proc = run_cli(["run", "--source", f"good={videos['plain']}", "--source", "odd=gopher://user:pw@host/x",
-                    "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"])
+    proc = run_cli(
+        [
+            "run",
+            "--source",
+            f"good={videos['plain']}",
+            "--source",
+            "odd=gopher://user:pw@host/x",
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+        ]
+    )
     col.join()
     by = col.by_stream()
     assert proc.returncode == 1

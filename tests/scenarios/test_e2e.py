@@ -49,7 +49,9 @@ def test_cli_files_to_subscriber(videos: dict[str, Path], model_info: Any) -> No
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     col = Collector(endpoint, expect_streams=len(videos))
     srcs = [a for p in videos.values() for a in ("--source", str(p))]
-    proc = run_cli(["run", *srcs, "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"])
+    proc = run_cli(
+        ["run", *srcs, "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off"]
+    )
     assert proc.returncode == 0, proc.stderr
     col.join()
     by = col.by_stream()
@@ -148,12 +150,40 @@ def test_msgpack_and_stream_ids(videos: dict[str, Path], endpoint: str, model_in
 def test_subscribe_cli_json(videos: dict[str, Path]) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     sub = subprocess.Popen(
-        [sys.executable, "-m", "stream", "subscribe", endpoint, "--json", "--stream", "plain", "--until-eos", "--timeout", "120"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "subscribe",
+            endpoint,
+            "--json",
+            "--stream",
+            "plain",
+            "--until-eos",
+            "--timeout",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
-        proc = run_cli(["run", "--source", str(videos["plain"]), "--device", "cpu", "--publish", endpoint,
-                        "--wait-subscribers", "1", "--progress", "off"])
+        proc = run_cli(
+            [
+                "run",
+                "--source",
+                str(videos["plain"]),
+                "--device",
+                "cpu",
+                "--publish",
+                endpoint,
+                "--wait-subscribers",
+                "1",
+                "--progress",
+                "off",
+            ]
+        )
         assert proc.returncode == 0, proc.stderr
         out, err = sub.communicate(timeout=60)
     finally:
@@ -165,11 +195,29 @@ def test_subscribe_cli_json(videos: dict[str, Path]) -> None:
 
 def test_subscribe_cli_readable_and_count(videos: dict[str, Path]) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
-    sub = subprocess.Popen([sys.executable, "-m", "stream", "subscribe", endpoint, "--count", "5", "--timeout", "120"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    sub = subprocess.Popen(
+        [sys.executable, "-m", "stream", "subscribe", endpoint, "--count", "5", "--timeout", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
-        proc = run_cli(["run", "--source", f"lobby={videos['plain']}", "--device", "cpu", "--publish", endpoint,
-                        "--wait-subscribers", "1", "--progress", "off"])
+        proc = run_cli(
+            [
+                "run",
+                "--source",
+                f"lobby={videos['plain']}",
+                "--device",
+                "cpu",
+                "--publish",
+                endpoint,
+                "--wait-subscribers",
+                "1",
+                "--progress",
+                "off",
+            ]
+        )
         out, err = sub.communicate(timeout=60)
     finally:
         sub.kill()
@@ -186,8 +234,21 @@ def test_async_client_api(videos: dict[str, Path], endpoint: str) -> None:
     async def main() -> list[dict[str, Any]]:
         got = []
         proc = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "stream", "run", "--source", str(videos["plain"]), "--device", "cpu",
-            "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off", cwd=ROOT,
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            str(videos["plain"]),
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+            cwd=ROOT,
             stderr=asyncio.subprocess.DEVNULL,
         )
         async for msg in client.subscribe(endpoint, ["plain"], until_eos=True, timeout_s=120):
@@ -202,8 +263,10 @@ def test_async_client_api(videos: dict[str, Path], endpoint: str) -> None:
 def test_embedded_default_runs(tmp_path: Path) -> None:
     """Plain `stream run` on a fresh install: the sample video it makes, the shipped model, the CPU."""
     t = time.time()
-    proc = run_cli(["run", "--publish", f"tcp://127.0.0.1:{free_port()}", "--progress", "off"],
-                   env={"XDG_CACHE_HOME": str(tmp_path)})
+    proc = run_cli(
+        ["run", "--publish", f"tcp://127.0.0.1:{free_port()}", "--progress", "off"],
+        env={"XDG_CACHE_HOME": str(tmp_path)},
+    )
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / "stream" / "sample-640x360-h264.mp4").stat().st_mtime >= t - 1
     assert "sample" in proc.stderr and "completed" in proc.stderr and "device: " in proc.stderr
@@ -212,8 +275,21 @@ def test_embedded_default_runs(tmp_path: Path) -> None:
 def test_wait_subscribers_timeout_exits_2(videos: dict[str, Path], tmp_path: Path) -> None:
     cfg = tmp_path / "c.toml"
     cfg.write_text('wait_subscribers_timeout_s = 1\nprogress = "off"\n')
-    proc = run_cli(["run", "--source", str(videos["plain"]), "--device", "cpu", "--publish",
-                    f"tcp://127.0.0.1:{free_port()}", "--wait-subscribers", "1", "--config", str(cfg)])
+    proc = run_cli(
+        [
+            "run",
+            "--source",
+            str(videos["plain"]),
+            "--device",
+            "cpu",
+            "--publish",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--wait-subscribers",
+            "1",
+            "--config",
+            str(cfg),
+        ]
+    )
     assert proc.returncode == 2
     assert "--wait-subscribers 1" in proc.stderr
 
@@ -225,7 +301,9 @@ def test_busy_endpoint_is_a_clear_error(videos: dict[str, Path]) -> None:
     s = ctx.socket(zmq.PUB)
     port = s.bind_to_random_port("tcp://127.0.0.1")
     try:
-        proc = run_cli(["run", "--source", str(videos["plain"]), "--device", "cpu", "--publish", f"tcp://127.0.0.1:{port}"])
+        proc = run_cli(
+            ["run", "--source", str(videos["plain"]), "--device", "cpu", "--publish", f"tcp://127.0.0.1:{port}"]
+        )
     finally:
         s.close(0)
         ctx.term()
@@ -253,9 +331,26 @@ def test_sigterm_drains_and_publishes_eos(tmp_path: Path) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     col = Collector(endpoint, expect_streams=1)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--source", str(long), "--device", "cpu", "--publish", endpoint,
-         "--wait-subscribers", "1", "--progress", "off"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            str(long),
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         deadline = time.time() + 60
@@ -278,12 +373,29 @@ def test_sigterm_drains_and_publishes_eos(tmp_path: Path) -> None:
 
 
 def test_json_logs(videos: dict[str, Path]) -> None:
-    proc = run_cli(["run", "--source", str(videos["plain"]), "--source", "gone=/nonexistent.mp4", "--device", "cpu",
-                    "--publish", f"tcp://127.0.0.1:{free_port()}", "--progress", "off", "--log-format", "json"])
+    proc = run_cli(
+        [
+            "run",
+            "--source",
+            str(videos["plain"]),
+            "--source",
+            "gone=/nonexistent.mp4",
+            "--device",
+            "cpu",
+            "--publish",
+            f"tcp://127.0.0.1:{free_port()}",
+            "--progress",
+            "off",
+            "--log-format",
+            "json",
+        ]
+    )
     assert proc.returncode == 1
     records = [json.loads(line) for line in proc.stderr.splitlines()]  # every line is JSON
     assert any(r["level"] == "error" and "stream gone" in r["msg"] for r in records)
     summary = records[-1]
     assert summary["msg"] == "summary" and {s["id"]: s["state"] for s in summary["streams"]} == {
-        "plain": "completed", "gone": "failed"}
+        "plain": "completed",
+        "gone": "failed",
+    }
     assert len(records) < 30, "no line per frame"

@@ -23,14 +23,25 @@ import zmq
 from stream.client import SeqGaps
 from stream.messages import decode
 from stream.tools.sample import make_sample_video
-
 from tests.conftest import ROOT, Collector, free_port
 from tests.scenarios.test_e2e import decoded_frames
 
 
 def start_run(sources: list[str], endpoint: str, *extra: str, config: Path | None = None) -> subprocess.Popen[str]:
-    cmd = [sys.executable, "-m", "stream", "run", *[a for s in sources for a in ("--source", s)], "--device", "cpu",
-           "--publish", endpoint, "--progress", "off", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "stream",
+        "run",
+        *[a for s in sources for a in ("--source", s)],
+        "--device",
+        "cpu",
+        "--publish",
+        endpoint,
+        "--progress",
+        "off",
+        *extra,
+    ]
     if config is not None:
         cmd += ["--config", str(config)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -58,8 +69,9 @@ def latest_frames(msgs: list[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def wait_caught_up(slow_msgs: list[dict[str, Any]], col: Collector, proc: subprocess.Popen[str],
-                   timeout_s: float = 120) -> None:
+def wait_caught_up(
+    slow_msgs: list[dict[str, Any]], col: Collector, proc: subprocess.Popen[str], timeout_s: float = 120
+) -> None:
     """Until the subscriber that reads late is within 3 frames of the one that read all along, per stream.
 
     Reading late, it first drains what its queues held and only then gets the newest messages: on a loaded
@@ -110,8 +122,16 @@ def test_subscriber_that_never_reads_loses_alone_and_counts_it(
     slow.connect(endpoint)
     gaps = SeqGaps()
     col = Collector(endpoint, expect_streams=2, timeout_s=60, gaps=gaps)
-    proc = start_run([f"a={videos['plain']}", f"b={videos['bframes']}"], endpoint, "--loop", "--duration", "300",
-                     "--wait-subscribers", "2", config=cfg)
+    proc = start_run(
+        [f"a={videos['plain']}", f"b={videos['bframes']}"],
+        endpoint,
+        "--loop",
+        "--duration",
+        "300",
+        "--wait-subscribers",
+        "2",
+        config=cfg,
+    )
     slow_gaps = SeqGaps()
     slow_msgs: list[dict[str, Any]] = []
 
@@ -147,8 +167,14 @@ def test_subscriber_that_never_reads_loses_alone_and_counts_it(
         frames = frames_of(msgs, sid)
         assert frames == list(range(len(frames))) and len(frames) > 0, f"{sid}: the reading subscriber lost frames"
         n = len(frames)
-        assert [m for m in msgs if m["stream"] == sid][-1] == {"v": 1, "type": "eos", "stream": sid, "frames": n,
-                                                               "read": n, "dropped": 0}  # fmt: skip
+        assert [m for m in msgs if m["stream"] == sid][-1] == {
+            "v": 1,
+            "type": "eos",
+            "stream": sid,
+            "frames": n,
+            "read": n,
+            "dropped": 0,
+        }
     assert gaps.total == 0 and gaps.restarts == {}, gaps.dropped
     sent = sum(gaps.received.values())
     # the slow one: fewer messages, in order, and client.py's counter says how many it missed
@@ -171,8 +197,15 @@ def test_subscribers_connecting_and_disconnecting(videos: dict[str, Path]) -> No
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     gaps = SeqGaps()
     col = Collector(endpoint, expect_streams=2, gaps=gaps)
-    proc = start_run([f"a={videos['plain']}", f"b={videos['odd_bframes']}"], endpoint, "--loop", "--duration", "300",
-                     "--wait-subscribers", "1")
+    proc = start_run(
+        [f"a={videos['plain']}", f"b={videos['odd_bframes']}"],
+        endpoint,
+        "--loop",
+        "--duration",
+        "300",
+        "--wait-subscribers",
+        "1",
+    )
     cycles = got = 0
     stop = threading.Event()
 
@@ -264,8 +297,9 @@ def test_looped_file_removed_fails_alone_and_clearly(videos: dict[str, Path], tm
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     gaps = SeqGaps()
     col = Collector(endpoint, expect_streams=2, gaps=gaps)
-    proc = start_run([f"gone={gone}", f"other={videos['plain']}"], endpoint, "--loop", "--duration", "10",
-                     "--wait-subscribers", "1")
+    proc = start_run(
+        [f"gone={gone}", f"other={videos['plain']}"], endpoint, "--loop", "--duration", "10", "--wait-subscribers", "1"
+    )
     try:
         deadline = time.time() + 90
         while not frames_of(list(col.messages), "gone"):
@@ -285,7 +319,14 @@ def test_looped_file_removed_fails_alone_and_clearly(videos: dict[str, Path], tm
     assert "does not exist" in last["error"] and str(gone) in last["error"], last["error"]
     other = frames_of(by["other"], "other")
     assert other == list(range(len(other))) and len(other) > per_pass
-    assert by["other"][-1] == {"v": 1, "type": "eos", "stream": "other", "frames": len(other), "read": len(other), "dropped": 0}
+    assert by["other"][-1] == {
+        "v": 1,
+        "type": "eos",
+        "stream": "other",
+        "frames": len(other),
+        "read": len(other),
+        "dropped": 0,
+    }
     assert gaps.total == 0
     assert "gone" in err and "failed" in err
 
@@ -320,8 +361,11 @@ def test_publisher_numbers_each_stream_and_leaves_the_message_alone(endpoint: st
         try:
             assert await pub.wait_subscribers(1, 30)
             sent = [messages.status("a", "connecting"), messages.eos("b", 0)]
-            sent += [messages.detections(s, i, pts_s=None, captured_at=1.0, width=2, height=2, dets=[])
-                     for i in range(3) for s in ("a", "b")]  # fmt: skip
+            sent += [
+                messages.detections(s, i, pts_s=None, captured_at=1.0, width=2, height=2, dets=[])
+                for i in range(3)
+                for s in ("a", "b")
+            ]
             sent.append(messages.eos("a", 3))
             for m in sent:
                 await pub.send(m)
@@ -355,14 +399,43 @@ def test_client_yields_messages_without_seq_and_counts_gaps(videos: dict[str, Pa
     """The client consumes seq (its messages equal stream.Pipeline's); `stream subscribe` says on stderr."""
     from tests.conftest import run_cli
 
-    sub = subprocess.Popen([sys.executable, "-m", "stream", "subscribe", endpoint, "--json", "--until-eos",
-                            "--stream", "cam", "--timeout", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=ROOT)  # fmt: skip
+    sub = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "subscribe",
+            endpoint,
+            "--json",
+            "--until-eos",
+            "--stream",
+            "cam",
+            "--timeout",
+            "120",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
         gaps = SeqGaps()
         col = Collector(endpoint, expect_streams=1, gaps=gaps)
-        proc = run_cli(["run", "--source", f"cam={videos['plain']}", "--device", "cpu", "--publish", endpoint,
-                        "--wait-subscribers", "2", "--progress", "off"])  # fmt: skip
+        proc = run_cli(
+            [
+                "run",
+                "--source",
+                f"cam={videos['plain']}",
+                "--device",
+                "cpu",
+                "--publish",
+                endpoint,
+                "--wait-subscribers",
+                "2",
+                "--progress",
+                "off",
+            ]
+        )
         assert proc.returncode == 0, proc.stderr
         out, err = sub.communicate(timeout=60)
     finally:

@@ -24,16 +24,34 @@ IDS = ["lobby", "door", "gate", "yard", "dock", "hall"]
 @pytest.fixture(scope="module")
 def six_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("shard-videos")
-    return {sid: make_sample_video(d / f"{sid}.mp4", width=160 + 16 * k, height=120, seconds=0.5 + 0.1 * k)
-            for k, sid in enumerate(IDS)}  # fmt: skip
+    return {
+        sid: make_sample_video(d / f"{sid}.mp4", width=160 + 16 * k, height=120, seconds=0.5 + 0.1 * k)
+        for k, sid in enumerate(IDS)
+    }
 
 
 def start_shard(cfg: Path, shard: str, endpoint: str, *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--config", str(cfg), "--shard", shard, "--publish", endpoint,
-         "--wait-subscribers", "1", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--config",
+            str(cfg),
+            "--shard",
+            shard,
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_two_shards_publish_every_frame_once(six_files: dict[str, Path], tmp_path: Path) -> None:
@@ -53,8 +71,13 @@ def test_two_shards_publish_every_frame_once(six_files: dict[str, Path], tmp_pat
         code, out, _ = ctl(control, "list")
         reply = json.loads(out)
         want0, want1 = split(IDS, Shard(0, 2)), split(IDS, Shard(1, 2))
-        assert code == 0 and reply["shard"] == {"shard": "0/2", "index": 0, "count": 2, "streams": len(want0.kept),
-                                                "skipped": list(want0.skipped)}  # fmt: skip
+        assert code == 0 and reply["shard"] == {
+            "shard": "0/2",
+            "index": 0,
+            "count": 2,
+            "streams": len(want0.kept),
+            "skipped": list(want0.skipped),
+        }
         assert {s["id"] for s in reply["streams"]} == set(want0.kept)
         code, body = get(f"http://127.0.0.1:{http}/status.json")
         assert code == 200 and json.loads(body)["shard"]["skipped"] == list(want0.skipped)
@@ -79,7 +102,8 @@ def test_two_shards_publish_every_frame_once(six_files: dict[str, Path], tmp_pat
         dets = [m for m in by[sid] if m["type"] == "detections"]
         assert [m["frame"] for m in dets] == list(range(n)), f"{sid}: not every frame exactly once"
         assert [m for m in by[sid] if m["type"] == "eos"] == [
-            {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0}]  # fmt: skip
+            {"v": 1, "type": "eos", "stream": sid, "frames": n, "read": n, "dropped": 0}
+        ]
     assert len([m for m in by[extra] if m["type"] == "detections"]) == decoded_frames(six_files["lobby"])
 
 
@@ -105,14 +129,38 @@ def test_one_subscriber_follows_both_shards_by_discovery(six_files: dict[str, Pa
     zero = start_shard(cfg, "0/2", f"tcp://127.0.0.1:{ports[0]}", "--wait-subscribers", "2")
     one = start_shard(cfg, "1/2", f"tcp://127.0.0.1:{ports[1]}")
     cli = subprocess.Popen(
-        [sys.executable, "-m", "stream", "subscribe", "--discover", f"127.0.0.1:{ports[0]}", "--discover-interval",
-         "0.5", "--count", "3", "--json", "--timeout", "60"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "subscribe",
+            "--discover",
+            f"127.0.0.1:{ports[0]}",
+            "--discover-interval",
+            "0.5",
+            "--count",
+            "3",
+            "--json",
+            "--timeout",
+            "60",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     try:
-        msgs = list(iter_messages([], until_eos=True, expect=len(IDS), timeout_s=60,
-                                  discover="stream.video.svc.cluster.local:5556", discover_interval_s=0.2,
-                                  resolver=resolver))  # fmt: skip
+        msgs = list(
+            iter_messages(
+                [],
+                until_eos=True,
+                expect=len(IDS),
+                timeout_s=60,
+                discover="stream.video.svc.cluster.local:5556",
+                discover_interval_s=0.2,
+                resolver=resolver,
+            )
+        )
         cli_out, cli_err = cli.communicate(timeout=60)
         for proc in (zero, one):
             proc.communicate(timeout=60)

@@ -64,9 +64,29 @@ def test_resident_memory_flat_over_20000_frames(videos: dict[str, Path]) -> None
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--source", f"soak={videos['plain']}", "--loop", "--device", "cpu",
-         "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off", "--log-level", "warning"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            f"soak={videos['plain']}",
+            "--loop",
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+            "--log-level",
+            "warning",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     samples: list[tuple[int, int]] = []
     try:

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 
 from stream import config
-from stream.sinks.annotate import AnnotatingSink, Annotator, safe_name
 from stream.core.build import resolve
 from stream.core.runner import Runner
 from stream.engines.device import make_engine
+from stream.sinks.annotate import AnnotatingSink, Annotator, safe_name
 from stream.sources.naming import Source
-
 from tests.conftest import Collector, free_port, run_cli
 
 
@@ -69,8 +68,14 @@ def video_facts(path: Path) -> dict[str, Any]:
     with av.open(str(path)) as c:
         vs = c.streams.video[0]
         frames = list(c.decode(vs))
-        return {"codec": vs.codec_context.name, "pix_fmt": vs.codec_context.pix_fmt, "frames": len(frames),
-                "size": (frames[0].width, frames[0].height), "pts": [f.pts for f in frames], "rate": vs.average_rate}
+        return {
+            "codec": vs.codec_context.name,
+            "pix_fmt": vs.codec_context.pix_fmt,
+            "frames": len(frames),
+            "size": (frames[0].width, frames[0].height),
+            "pts": [f.pts for f in frames],
+            "rate": vs.average_rate,
+        }
 
 
 def fake_messages(sid: str, n: int) -> list[dict[str, Any]]:
@@ -154,8 +159,8 @@ def test_frames_match_on_bframes_and_odd_sizes(videos: dict[str, Path], tmp_path
             if far.mean() < 0.2:
                 continue
 
-            def err(a: np.ndarray, b: np.ndarray) -> float:
-                return float(np.abs(a[:h, :w].astype(np.int16) - b.astype(np.int16)).max(axis=2)[far].mean())
+            def err(a: np.ndarray, b: np.ndarray) -> float:  # called within this iteration only
+                return float(np.abs(a[:h, :w].astype(np.int16) - b.astype(np.int16)).max(axis=2)[far].mean())  # noqa: B023
 
             assert err(out[i], src[i]) < 5, (sid, i, err(out[i], src[i]))
             for j in (i - 1, i + 1):  # the moving shapes make neighbouring frames differ (not in the dark stretch)
@@ -183,9 +188,7 @@ def test_a_cut_off_file_is_playable_up_to_the_cut(videos: dict[str, Path], tmp_p
     assert 60 <= n < 120  # at least the first complete 2-second fragment
 
 
-def test_close_stops_an_annotator_that_is_not_done_in_time(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_close_stops_an_annotator_that_is_not_done_in_time(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """close() with timeout_s=0 stops an annotator with frames still queued; what it wrote is a proper file.
 
     Deterministic: the first 20 frames are written (the annotator then waits for more), the other 100 and
@@ -220,8 +223,9 @@ def test_close_stops_an_annotator_that_is_not_done_in_time(
 # -- the command ---------------------------------------------------------------------------------------------
 def test_cli_annotate_end_to_end(videos: dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "new folder" / "lobby annotated.mp4"
-    proc = run_cli(["annotate", "--source", str(videos["plain"]), "--output", str(out), "--device", "cpu",
-                    "--progress", "off"])  # fmt: skip
+    proc = run_cli(
+        ["annotate", "--source", str(videos["plain"]), "--output", str(out), "--device", "cpu", "--progress", "off"]
+    )
     assert proc.returncode == 0, proc.stderr
     facts, src = video_facts(out), video_facts(videos["plain"])
     assert facts["frames"] == src["frames"] and facts["size"] == src["size"] and facts["codec"] == "h264"
@@ -268,8 +272,9 @@ def test_cli_annotate_truncated_source_keeps_what_decoded(videos: dict[str, Path
 
 
 def test_cli_annotate_disk_full_exits_1(videos: dict[str, Path]) -> None:
-    proc = run_cli(["annotate", "--source", str(videos["plain"]), "--output", "/dev/full", "--device", "cpu",
-                    "--progress", "off"])  # fmt: skip
+    proc = run_cli(
+        ["annotate", "--source", str(videos["plain"]), "--output", "/dev/full", "--device", "cpu", "--progress", "off"]
+    )
     assert proc.returncode == 1, proc.stderr
     assert "the disk is full" in proc.stderr and "/dev/full" in proc.stderr and "free space" in proc.stderr
 
@@ -333,9 +338,25 @@ def test_run_annotate_flag_disk_full_publishes_everything(videos: dict[str, Path
     (out / "full.mp4").symlink_to("/dev/full")
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     col = Collector(endpoint, expect_streams=2)
-    proc = run_cli(["run", "--source", f"full={videos['plain']}", "--source", f"fine={videos['bframes']}",
-                    "--annotate", str(out), "--device", "cpu", "--publish", endpoint, "--wait-subscribers", "1",
-                    "--progress", "off"])  # fmt: skip
+    proc = run_cli(
+        [
+            "run",
+            "--source",
+            f"full={videos['plain']}",
+            "--source",
+            f"fine={videos['bframes']}",
+            "--annotate",
+            str(out),
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+        ]
+    )
     col.join()
     assert proc.returncode == 0, proc.stderr
     by = col.by_stream()
@@ -387,8 +408,11 @@ def test_file_names_are_safe_and_unique(videos: dict[str, Path], tmp_path: Path)
     feed(sink, msgs)
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["a_b-2.mp4", "a_b-3.mp4", "a_b.mp4", "x.mp4"]
     assert [(a.src.id, a.output.name, a.frames) for a in sink.annotators] == [
-        ("a/b", "a_b.mp4", 3), ("a_b", "a_b-2.mp4", 3), ("a/b", "a_b-3.mp4", 2), ("../x", "x.mp4", 1)
-    ]  # fmt: skip
+        ("a/b", "a_b.mp4", 3),
+        ("a_b", "a_b-2.mp4", 3),
+        ("a/b", "a_b-3.mp4", 2),
+        ("../x", "x.mp4", 1),
+    ]
 
 
 def test_a_backlog_past_the_limit_stops_that_stream(

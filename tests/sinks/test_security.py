@@ -12,7 +12,6 @@ import pytest
 
 from stream.errors import ConfigError
 from stream.sinks.curve import generate, server_keys
-
 from tests.conftest import ROOT, Collector, free_port, run_cli
 from tests.scenarios.test_e2e import check_stream
 
@@ -38,24 +37,71 @@ def test_keys_generate_cli(tmp_path: Path) -> None:
 def test_only_authorized_subscribers_receive(keys: dict[str, Path], videos: dict[str, Path], model_info: Any) -> None:
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     control = f"tcp://127.0.0.1:{free_port()}"
-    mallory = Collector(endpoint, 1, timeout_s=8, curve_server=str(keys["server"]), curve_secret=str(keys["mallory_secret"]))
+    mallory = Collector(
+        endpoint, 1, timeout_s=8, curve_server=str(keys["server"]), curve_secret=str(keys["mallory_secret"])
+    )
     plain = Collector(endpoint, 1, timeout_s=8)
     alice = Collector(endpoint, 1, curve_server=str(keys["server"]), curve_secret=str(keys["alice_secret"]))
     proc = subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", "--source", str(videos["plain"]), "--device", "cpu", "--publish",
-         endpoint, "--wait-subscribers", "1", "--progress", "off", "--control", control,
-         "--curve-secret", str(keys["server_secret"]), "--curve-clients", str(keys["clients"]), "--duration", "20"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            "--source",
+            str(videos["plain"]),
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+            "--control",
+            control,
+            "--curve-secret",
+            str(keys["server_secret"]),
+            "--curve-clients",
+            str(keys["clients"]),
+            "--duration",
+            "20",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
     try:
         msgs = alice.join(120)
         # the control endpoint takes alice's key too, and refuses a client without keys
-        ok = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, "--curve-server",
-                             str(keys["server"]), "--curve-secret", str(keys["alice_secret"]), "list"],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60)
+        ok = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "stream",
+                "ctl",
+                "--control",
+                control,
+                "--curve-server",
+                str(keys["server"]),
+                "--curve-secret",
+                str(keys["alice_secret"]),
+                "list",
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert ok.returncode == 0 and '"plain"' in ok.stdout, ok.stderr
-        refused = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, "--timeout", "2", "list"],
-                                 capture_output=True, text=True, cwd=ROOT, timeout=60)
+        refused = subprocess.run(
+            [sys.executable, "-m", "stream", "ctl", "--control", control, "--timeout", "2", "list"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert refused.returncode == 2 and "no answer" in refused.stderr
         proc.terminate()
         _, err = proc.communicate(timeout=60)

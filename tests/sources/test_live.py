@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 from tests.conftest import ROOT, free_port
-from tests.loopback import gst_rtsp_missing, port_open
+from tests.loopback import SYSTEM_PYTHON, gst_rtsp_missing, port_open
 from tests.scenarios.test_e2e import decoded_frames
 
-from tests.loopback import SYSTEM_PYTHON
 SERVER = Path(__file__).resolve().parents[1] / "rtsp_server.py"
 
 
@@ -47,8 +46,12 @@ class RtspServer:
         self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        self.proc = subprocess.Popen([SYSTEM_PYTHON, str(SERVER), str(self.port)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, text=True)
+        self.proc = subprocess.Popen(
+            [SYSTEM_PYTHON, str(SERVER), str(self.port)],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         wait_for(lambda: port_open(self.port), 30, f"RTSP server on port {self.port}")
 
     def kill(self) -> None:
@@ -106,7 +109,9 @@ class Timed:
         return [m for _, m in list(self.items) if m["stream"] == sid and (kind is None or m["type"] == kind)]
 
     def states(self, sid: str) -> list[tuple[float, str, str | None]]:
-        return [(t, m["state"], m["error"]) for t, m in list(self.items) if m["stream"] == sid and m["type"] == "status"]
+        return [
+            (t, m["state"], m["error"]) for t, m in list(self.items) if m["stream"] == sid and m["type"] == "status"
+        ]
 
     def frames(self, sid: str) -> list[int]:
         return [m["frame"] for m in self.of(sid, "detections")]
@@ -114,9 +119,26 @@ class Timed:
 
 def start_run(endpoint: str, sources: list[str], *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "stream", "run", *[a for s in sources for a in ("--source", s)], "--device", "cpu",
-         "--publish", endpoint, "--wait-subscribers", "1", "--progress", "off", *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "stream",
+            "run",
+            *[a for s in sources for a in ("--source", s)],
+            "--device",
+            "cpu",
+            "--publish",
+            endpoint,
+            "--wait-subscribers",
+            "1",
+            "--progress",
+            "off",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
     )
 
 
@@ -139,7 +161,9 @@ def test_rtsp_end_to_end_beside_a_file(server: RtspServer, videos: dict[str, Pat
     sub = Timed(endpoint, expect=2)
     proc = start_run(endpoint, [f"cam={server.url()}", f"file={videos['plain']}"])
     try:
-        wait_for(lambda: len(sub.frames("cam")) >= 30 and sub.of("file", "eos"), 90, "30 live frames and the file's eos")
+        wait_for(
+            lambda: len(sub.frames("cam")) >= 30 and sub.of("file", "eos"), 90, "30 live frames and the file's eos"
+        )
         took, _, err = stop_run(proc)
     finally:
         proc.kill()
@@ -155,8 +179,12 @@ def test_rtsp_end_to_end_beside_a_file(server: RtspServer, videos: dict[str, Pat
         assert m["captured_at"] <= m["published_at"] and m["width"] == 320 and m["height"] == 240, m
         assert m["pts_s"] is not None
     eos = sub.of("cam")[-1]
-    assert {k: eos[k] for k in ("v", "type", "stream", "frames")} == {"v": 1, "type": "eos", "stream": "cam",
-                                                                      "frames": len(dets)}  # fmt: skip
+    assert {k: eos[k] for k in ("v", "type", "stream", "frames")} == {
+        "v": 1,
+        "type": "eos",
+        "stream": "cam",
+        "frames": len(dets),
+    }
     assert eos["read"] == eos["frames"] + eos["dropped"], eos  # every frame decoded: published or counted
     n = decoded_frames(videos["plain"])
     assert sub.frames("file") == list(range(n)), "the file beside the live feed loses nothing"
@@ -176,8 +204,11 @@ def test_rtsp_outages_resume_and_the_file_loses_nothing(
         for outage in range(3):
             own_server.kill()
             seen_status = len(sub.states("cam"))
-            wait_for(lambda: any(s == "reconnecting" for _, s, _ in sub.states("cam")[seen_status:]), 30,
-                     f"outage {outage}: reconnecting")
+            wait_for(
+                lambda: any(s == "reconnecting" for _, s, _ in sub.states("cam")[seen_status:]),  # noqa: B023
+                30,
+                f"outage {outage}: reconnecting",
+            )
             time.sleep(2.0)  # the outage itself: the server stays down this long
             last = max(sub.frames("cam"))
             own_server.start()
@@ -185,8 +216,11 @@ def test_rtsp_outages_resume_and_the_file_loses_nothing(
             # frames of the old connection may still be in flight when `last` is read (a loaded machine): the
             # stream has resumed once it reports streaming again and frames newer than `last` arrive
             resumed = wait_for(
-                lambda: "streaming" in [s for _, s, _ in sub.states("cam")[seen_status:]] and max(sub.frames("cam")) > last,
-                60, f"outage {outage}: streaming and frames again",
+                lambda: (
+                    "streaming" in [s for _, s, _ in sub.states("cam")[seen_status:]] and max(sub.frames("cam")) > last  # noqa: B023
+                ),
+                60,
+                f"outage {outage}: streaming and frames again",
             )
             assert resumed - restarted < reconnect_max_s + stall_s + 5, f"outage {outage}: {resumed - restarted:.1f} s"
             seq = [s for _, s, _ in sub.states("cam")[seen_status:]]
@@ -206,7 +240,9 @@ def test_rtsp_outages_resume_and_the_file_loses_nothing(
 
 
 def _delays(states: list[tuple[float, str, str | None]]) -> list[float]:
-    return [float(re.search(r"reconnecting in ([0-9.]+) s", e or "").group(1)) for _, s, e in states if s == "reconnecting"]
+    return [
+        float(re.search(r"reconnecting in ([0-9.]+) s", e or "").group(1)) for _, s, e in states if s == "reconnecting"
+    ]
 
 
 def test_silent_server_and_refused_port_back_off_and_stop_promptly(tmp_path: Path) -> None:
@@ -229,6 +265,7 @@ def test_silent_server_and_refused_port_back_off_and_stop_promptly(tmp_path: Pat
     sub = Timed(endpoint, expect=2)
     proc = start_run(endpoint, [f"quiet={quiet_url}", f"refused={refused_url}"], "--config", cfg, "--control", control)
     try:
+
         def reconnects(sid: str) -> int:
             return sum(1 for _, s, _ in sub.states(sid) if s == "reconnecting")
 
@@ -236,8 +273,13 @@ def test_silent_server_and_refused_port_back_off_and_stop_promptly(tmp_path: Pat
         assert held, "the silent server was connected to"
         # remove one while it backs off: its eos comes promptly
         t0 = time.time()
-        r = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, "remove", "refused"],
-                           capture_output=True, text=True, cwd=ROOT, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "stream", "ctl", "--control", control, "remove", "refused"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         wait_for(lambda: bool(sub.of("refused", "eos")), 5, "eos of the removed stream")
         assert time.time() - t0 < 5
@@ -260,8 +302,10 @@ def test_silent_server_and_refused_port_back_off_and_stop_promptly(tmp_path: Pat
         if sid == "refused":  # refusals are instant: the gaps are the waits
             assert gaps[2] > gaps[0], f"{sid}: waits do not grow: {gaps}"
         assert sub.of(sid)[-1] == {"v": 1, "type": "eos", "stream": sid, "frames": 0, "read": 0, "dropped": 0}
-    assert any("no data" in (e or "") or "timed out" in (e or "").lower() or "cannot connect" in (e or "")
-               for _, _, e in sub.states("quiet"))
+    assert any(
+        "no data" in (e or "") or "timed out" in (e or "").lower() or "cannot connect" in (e or "")
+        for _, _, e in sub.states("quiet")
+    )
 
 
 def test_credentials_never_leak(server: RtspServer, tmp_path: Path) -> None:
@@ -269,12 +313,25 @@ def test_credentials_never_leak(server: RtspServer, tmp_path: Path) -> None:
     cfg = live_config(tmp_path, reconnect_initial_s=0.2, reconnect_max_s=1, stall_timeout_s=1)
     refused = f"rtsp://user:secret@127.0.0.1:{free_port()}/x"  # fails: its errors carry the URL
     sub = Timed(endpoint, expect=2)
-    proc = start_run(endpoint, [f"cam={server.url(userinfo='user:secret@')}", f"bad={refused}"],
-                     "--config", cfg, "--control", control, "--log-level", "debug")
+    proc = start_run(
+        endpoint,
+        [f"cam={server.url(userinfo='user:secret@')}", f"bad={refused}"],
+        "--config",
+        cfg,
+        "--control",
+        control,
+        "--log-level",
+        "debug",
+    )
     try:
         wait_for(lambda: len(sub.frames("cam")) >= 10 and len(sub.states("bad")) >= 3, 60, "frames and failures")
-        r = subprocess.run([sys.executable, "-m", "stream", "ctl", "--control", control, "list"],
-                           capture_output=True, text=True, cwd=ROOT, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-m", "stream", "ctl", "--control", control, "list"],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
         listing = {s["id"]: s for s in json.loads(r.stdout)["streams"]}
         assert listing["cam"]["source"].startswith("rtsp://***@127.0.0.1:")
@@ -295,16 +352,25 @@ def test_stale_frames_are_dropped_and_counted(server: RtspServer, tmp_path: Path
 
     endpoint, mport = f"tcp://127.0.0.1:{free_port()}", free_port()
     sub = Timed(endpoint, expect=1)
-    proc = start_run(endpoint, [f"cam={server.url()}"], "--config", live_config(tmp_path, max_staleness_ms=1),
-                     "--metrics-port", str(mport))
+    proc = start_run(
+        endpoint,
+        [f"cam={server.url()}"],
+        "--config",
+        live_config(tmp_path, max_staleness_ms=1),
+        "--metrics-port",
+        str(mport),
+    )
 
     def stale() -> float:
         try:
             text = urllib.request.urlopen(f"http://127.0.0.1:{mport}/metrics", timeout=5).read().decode()
         except OSError:  # the daemon has not started its metrics server yet
             return 0.0
-        rows = [r for r in text.splitlines()
-                if r.startswith("stream_dropped_frames_total{") and 'reason="stale"' in r and 'stream="cam"' in r]
+        rows = [
+            r
+            for r in text.splitlines()
+            if r.startswith("stream_dropped_frames_total{") and 'reason="stale"' in r and 'stream="cam"' in r
+        ]
         return float(rows[0].split()[-1]) if rows else 0.0
 
     try:

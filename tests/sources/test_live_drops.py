@@ -32,13 +32,12 @@ import av
 import pytest
 
 from stream import config
+from stream.core.frames import Batch, FrameResult
 from stream.core.runner import Runner
 from stream.daemon.serve import serve
 from stream.engines import device as engine_registry
 from stream.sources import registry as source_registry
-from stream.core.frames import Batch, FrameResult
 from stream.tools.sample import make_sample_video
-
 from tests.conftest import Collector, free_port
 
 PACED_FEED = Path(__file__).resolve().parents[1] / "paced_feed.py"
@@ -94,8 +93,9 @@ class Outcome:
 
 @pytest.fixture(scope="module")
 def feed_video(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, int]:
-    path = make_sample_video(tmp_path_factory.mktemp("feed") / "feed.mp4", width=320, height=240, fps=FPS,
-                             seconds=SECONDS)
+    path = make_sample_video(
+        tmp_path_factory.mktemp("feed") / "feed.mp4", width=320, height=240, fps=FPS, seconds=SECONDS
+    )
     with av.open(str(path)) as c:
         n = sum(1 for _ in c.decode(video=0))
     return path, n
@@ -121,8 +121,13 @@ def _scrape_dropped(port: int, stream: str) -> dict[str, float]:
     return out
 
 
-def run_feed(video: Path, frames_in_file: int, delay_s: float, monkeypatch: pytest.MonkeyPatch,
-             extra: dict[str, Any] | None = None) -> Outcome:
+def run_feed(
+    video: Path,
+    frames_in_file: int,
+    delay_s: float,
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict[str, Any] | None = None,
+) -> Outcome:
     """One pass of `video` as a live feed through the daemon (in process) with an engine sleeping delay_s per batch."""
     real_make_engine, real_make_source = engine_registry.make_engine, source_registry.make_source
     engines: list[PacedEngine] = []
@@ -139,21 +144,35 @@ def run_feed(video: Path, frames_in_file: int, delay_s: float, monkeypatch: pyte
     monkeypatch.setattr(engine_registry, "make_engine", make_engine)
     monkeypatch.setattr(source_registry, "make_source", make_source)
     feed_port, mport, endpoint = free_port(), free_port(), f"tcp://127.0.0.1:{free_port()}"
-    feed = subprocess.Popen([sys.executable, str(PACED_FEED), str(video), str(feed_port), "--once"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    feed = subprocess.Popen(
+        [sys.executable, str(PACED_FEED), str(video), str(feed_port), "--once"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 30
         while not _listening(feed_port):
             assert feed.poll() is None, f"paced feed exited: {feed.communicate()}"
             assert time.monotonic() < deadline, "paced feed not listening within 30 s"
             time.sleep(0.02)
-        cfg = config.load(None, {
-            "sources": [f"cam=tcp://127.0.0.1:{feed_port}"], "publish": endpoint, "device": "cpu",
-            "live_decode": "cpu", "progress": "off", "wait_subscribers": 1, "wait_subscribers_timeout_s": 30.0,
-            "metrics_port": mport, "max_staleness_ms": STALENESS_MS, "reconnect_initial_s": 0.2,
-            "duration_s": HARD_DEADLINE_S + 5,  # a backstop behind the supervisor's own deadline
-            **(extra or {}),
-        })  # fmt: skip
+        cfg = config.load(
+            None,
+            {
+                "sources": [f"cam=tcp://127.0.0.1:{feed_port}"],
+                "publish": endpoint,
+                "device": "cpu",
+                "live_decode": "cpu",
+                "progress": "off",
+                "wait_subscribers": 1,
+                "wait_subscribers_timeout_s": 30.0,
+                "metrics_port": mport,
+                "max_staleness_ms": STALENESS_MS,
+                "reconnect_initial_s": 0.2,
+                "duration_s": HARD_DEADLINE_S + 5,  # a backstop behind the supervisor's own deadline
+                **(extra or {}),
+            },
+        )
         col = Collector(endpoint, expect_streams=1, timeout_s=60.0, keep_seq=True)
         out: dict[str, Any] = {}
         tasks: list[asyncio.Task[None]] = []
@@ -165,7 +184,7 @@ def run_feed(video: Path, frames_in_file: int, delay_s: float, monkeypatch: pyte
 
             def feed_over() -> bool:
                 states = [m["state"] for m in list(col.messages) if m["type"] == "status" and m["stream"] == "cam"]
-                return "streaming" in states and "reconnecting" in states[states.index("streaming"):]
+                return "streaming" in states and "reconnecting" in states[states.index("streaming") :]
 
             try:
                 while not feed_over() and time.monotonic() - t0 < HARD_DEADLINE_S:
@@ -196,24 +215,35 @@ def run_feed(video: Path, frames_in_file: int, delay_s: float, monkeypatch: pyte
         if feed.poll() is None:
             feed.kill()
         feed.communicate(timeout=10)
-    return Outcome(frames_in_file, sources[0]._index, result.stats["cam"], sources[0],
-                   [m for m in col.messages if m["stream"] == "cam"], engines[0], out.get("feed_over", False), out.get("settled_after_s"), out.get("scraped", {}),
-                   out.get("dropped_at_scrape", {}))
+    return Outcome(
+        frames_in_file,
+        sources[0]._index,
+        result.stats["cam"],
+        sources[0],
+        [m for m in col.messages if m["stream"] == "cam"],
+        engines[0],
+        out.get("feed_over", False),
+        out.get("settled_after_s"),
+        out.get("scraped", {}),
+        out.get("dropped_at_scrape", {}),
+    )
 
 
 def _check_common(o: Outcome) -> None:
     """What holds with any engine: the feed ended, every frame is accounted for, order, freshness, the wire."""
     st, n, dets = o.stats, o.decoded, o.detections
     dropped = dict(st.dropped)
-    assert o.feed_over, f"the reader never saw the feed end; statuses {[m for m in o.messages if m['type'] == 'status']}"
+    assert o.feed_over, (
+        f"the reader never saw the feed end; statuses {[m for m in o.messages if m['type'] == 'status']}"
+    )
     assert st.state == "completed", (st.state, st.error)
     assert 0.5 * o.frames_in_file <= n <= o.frames_in_file, f"decoded {n} of the feed's {o.frames_in_file} frames"
     assert set(dropped) <= {"no_buffer", "stale"}, dropped
     assert o.source.dropped == dropped, f"the source counted {o.source.dropped}, the stream's stats {dropped}"
     # every frame the reader decoded is either published or dropped and counted
     assert st.frames + sum(dropped.values()) == n, (
-        f"published {st.frames} + dropped {dropped} != {n} frames decoded from the feed "
-        f"(settled: {o.settled_after_s})")  # fmt: skip
+        f"published {st.frames} + dropped {dropped} != {n} frames decoded from the feed (settled: {o.settled_after_s})"
+    )
     # the subscriber got every published frame: seq counts 0, 1, 2, ... over all of cam's messages
     assert [m["seq"] for m in o.messages] == list(range(len(o.messages))), "messages lost on the wire"
     assert o.messages[-1]["type"] == "eos" and o.messages[-1]["frames"] == st.frames == len(dets)
@@ -225,8 +255,11 @@ def _check_common(o: Outcome) -> None:
     assert o.scraped == {k: float(v) for k, v in o.dropped_at_scrape.items()}, (o.scraped, o.dropped_at_scrape)
     assert o.dropped_at_scrape == dropped, "frames dropped after every frame was accounted for"
     # freshness: capture (arrival) to publish, per published frame, from the messages and the stream's stats
-    late = [(m["frame"], round(m["published_at"] - m["captured_at"], 3)) for m in dets
-            if m["published_at"] - m["captured_at"] > LATENCY_BOUND_S]
+    late = [
+        (m["frame"], round(m["published_at"] - m["captured_at"], 3))
+        for m in dets
+        if m["published_at"] - m["captured_at"] > LATENCY_BOUND_S
+    ]
     assert not late, f"published later than {LATENCY_BOUND_S:.2f} s after capture (frame, s): {late}"
     assert len(st.latencies) == len(dets) and max(st.latencies, default=0.0) <= LATENCY_BOUND_S
 

@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 
 from stream import config
-from stream.sources.registry import make_source
-from stream.errors import DecodeError
 from stream.core.frames import Batch, FrameMeta
-from stream.sources.looping import LoopingSource
 from stream.engines.model import default_model_path, load_info
+from stream.errors import DecodeError
+from stream.sources.looping import LoopingSource
 from stream.sources.naming import Source
-
+from stream.sources.registry import make_source
 from tests.scenarios.test_e2e import decoded_frames
 
 

@@ -65,8 +65,13 @@ class PacedFeed:
         from tests.conftest import free_port
 
         self.port = free_port()
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.sources.test_nvdec", str(path), str(self.port)], cwd=ROOT,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.sources.test_nvdec", str(path), str(self.port)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         time.sleep(1.0)  # no probe connection: the server takes exactly one client (the daemon retries if early)
 
     @property
@@ -122,7 +127,9 @@ def float_reference_row(y: np.ndarray, uv: np.ndarray, info: Any, siting: str = 
     y0, y1, ay = taps((np.arange(H) - 0.5) / 2, hc)
     x0, x1, ax = taps((np.arange(W) - (0.5 if siting == "center" else 0.0)) / 2, wc)
     ay, ax = ay[:, None, None], ax[None, :, None]
-    up = (uv3[y0][:, x0] * (1 - ax) + uv3[y0][:, x1] * ax) * (1 - ay) + (uv3[y1][:, x0] * (1 - ax) + uv3[y1][:, x1] * ax) * ay
+    up = (uv3[y0][:, x0] * (1 - ax) + uv3[y0][:, x1] * ax) * (1 - ay) + (
+        uv3[y1][:, x0] * (1 - ax) + uv3[y1][:, x1] * ax
+    ) * ay
     m, off = yuv_to_rgb()
     yuv = np.stack([y.astype(np.float64), up[..., 0], up[..., 1]])
     rgb = np.clip(np.tensordot(m, yuv, 1) + off[:, None, None], 0, 255).astype(np.float32).transpose(1, 2, 0)
@@ -176,8 +183,8 @@ def test_nv12_rows_match_the_cpu_route(clips: dict[str, Path], model_info: Any, 
     where swscale repeats each chroma sample over its 2x2 block and this interpolates it (left siting; centred
     siting measured about the same mean, max 33-72 instead of 53-123, on longer clips).
     """
-    from stream.sources.nvdec import nv12_to_row
     from stream.sources.host import HostPreprocessor
+    from stream.sources.nvdec import nv12_to_row
 
     info = model_info
     pre = HostPreprocessor(info)
@@ -188,7 +195,9 @@ def test_nv12_rows_match_the_cpu_route(clips: dict[str, Path], model_info: Any, 
         nv12_to_row(np, y, uv, out[0], info)
         d = out[0] - cpu_route_row(pre, f)
         diffs.append(levels(d, info))
-        signed.append((d / (np.float32(info.scale) / np.asarray(info.std, np.float32))[:, None, None]).mean(axis=(1, 2)))
+        signed.append(
+            (d / (np.float32(info.scale) / np.asarray(info.std, np.float32))[:, None, None]).mean(axis=(1, 2))
+        )
     d = np.stack(diffs)
     mean, p99 = float(d.mean()), float(np.percentile(d, 99))
     bias = np.mean(signed, axis=0)
@@ -208,8 +217,10 @@ def test_nv12_rows_equal_the_float_reference(clips: dict[str, Path], model_info:
 
     frames = first_frames(clips[clip], 8)
     w, h = frames[0].width, frames[0].height
-    for info, mean_max, p99_max in ((dataclasses.replace(model_info, width=w, height=h), 1e-3, 1e-3),
-                                    (model_info, 0.15, 2.0)):  # fmt: skip
+    for info, mean_max, p99_max in (
+        (dataclasses.replace(model_info, width=w, height=h), 1e-3, 1e-3),
+        (model_info, 0.15, 2.0),
+    ):
         out = np.zeros((3, info.height, info.width), np.float32)
         ds = []
         for f in frames:
@@ -217,14 +228,16 @@ def test_nv12_rows_equal_the_float_reference(clips: dict[str, Path], model_info:
             nv12_to_row(np, y, uv, out, info)
             ds.append(levels(out - float_reference_row(y, uv, info), info))
         d = np.stack(ds)
-        print(f"{clip} -> {info.width}x{info.height}: mean {d.mean():.4f} p99 {np.percentile(d, 99):.3f} max {d.max():.2f}")
+        print(
+            f"{clip} -> {info.width}x{info.height}: mean {d.mean():.4f} p99 {np.percentile(d, 99):.3f} max {d.max():.2f}"
+        )
         assert d.mean() <= mean_max and np.percentile(d, 99) <= p99_max
 
 
 def test_nv12_rows_model_dtype_and_normalization(clips: dict[str, Path], model_info: Any) -> None:
     """float16 and a mean/std model: the same ((pixel * scale) - mean) / std as the CPU route."""
-    from stream.sources.nvdec import nv12_to_row
     from stream.sources.host import HostPreprocessor
+    from stream.sources.nvdec import nv12_to_row
 
     info = dataclasses.replace(model_info, dtype="float16", mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225))
     pre = HostPreprocessor(info)
@@ -248,9 +261,11 @@ def test_colour_tags_as_swscale_reads_them(model_info: Any, colorspace: int, col
     H, W = 64, 96
     rng = np.random.default_rng(1)
     xx = np.mgrid[0:H, 0:W][1]
-    planes = [(40 + 150 * (xx / W)).astype(np.uint8),
-              np.clip(128 + 90 * np.sin(np.mgrid[0 : H // 2, 0 : W // 2][1] / 20.0), 0, 255).astype(np.uint8),
-              np.clip(128 + 90 * np.cos(np.mgrid[0 : H // 2, 0 : W // 2][0] / 12.0), 0, 255).astype(np.uint8)]  # fmt: skip
+    planes = [
+        (40 + 150 * (xx / W)).astype(np.uint8),
+        np.clip(128 + 90 * np.sin(np.mgrid[0 : H // 2, 0 : W // 2][1] / 20.0), 0, 255).astype(np.uint8),
+        np.clip(128 + 90 * np.cos(np.mgrid[0 : H // 2, 0 : W // 2][0] / 12.0), 0, 255).astype(np.uint8),
+    ]
     planes[0] = np.clip(planes[0].astype(int) + rng.integers(-5, 6, planes[0].shape), 0, 255).astype(np.uint8)
     f = av.VideoFrame(W, H, "yuv420p")
     for p, a in zip(f.planes, planes):
@@ -264,7 +279,9 @@ def test_colour_tags_as_swscale_reads_them(model_info: Any, colorspace: int, col
     tagged = np.abs(out - ref)
     nv12_to_row(np, planes[0], uv, out, info)  # as if untagged: BT.601 limited
     untagged = np.abs(out - ref)
-    print(f"colorspace {colorspace} range {color_range}: tags followed {tagged.mean():.2f}, ignored {untagged.mean():.2f}")
+    print(
+        f"colorspace {colorspace} range {color_range}: tags followed {tagged.mean():.2f}, ignored {untagged.mean():.2f}"
+    )
     assert tagged.mean() <= 2.5
     assert untagged.mean() > tagged.mean() + 1.0
 
@@ -295,8 +312,8 @@ def test_auto_on_cuda_without_nvdec_falls_back_to_the_cpu_route(model_info: Any)
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 def test_nvdec_required_without_it_is_a_clear_error(model_info: Any, device: str) -> None:
-    from stream.sources.nvdec import nvdec_unavailable_reason
     from stream.errors import SourceError
+    from stream.sources.nvdec import nvdec_unavailable_reason
 
     if nvdec_unavailable_reason(device) is None:
         pytest.skip("NVDEC is usable here")
@@ -319,8 +336,8 @@ def test_live_decode_is_validated() -> None:
 
 def test_make_one_pass_hands_the_device_to_the_live_source(model_info: Any) -> None:
     from stream import config
-    from stream.sources.registry import make_one_pass
     from stream.sources.naming import Source
+    from stream.sources.registry import make_one_pass
 
     src = make_one_pass(Source("cam", "udp://127.0.0.1:9", live=True), model_info, "cpu", config.load())
     assert type(src).__name__ == "LiveBatchSource" and src.route == "cpu"
@@ -366,7 +383,9 @@ def run_paced(path: Path, seconds: float, **settings: Any) -> tuple[Any, list[di
     settings.setdefault("reconnect_initial_s", 0.2)
     settings.setdefault("reconnect_max_s", 0.5)
     with PacedFeed(path) as feed:
-        result, msgs = collect_run([f"cam={feed.url}"], f"tcp://127.0.0.1:{free_port()}", duration_s=seconds, **settings)
+        result, msgs = collect_run(
+            [f"cam={feed.url}"], f"tcp://127.0.0.1:{free_port()}", duration_s=seconds, **settings
+        )
         log_text = feed.close()
     return result, msgs["cam"], log_text
 
@@ -384,8 +403,12 @@ def check_live_messages(msgs: list[dict[str, Any]], size: tuple[int, int], min_f
         assert m["captured_at"] <= m["published_at"]
     assert sum(len(m["detections"]) for m in dets) > 0, "no detections at all"
     eos = msgs[-1]
-    assert {k: eos[k] for k in ("v", "type", "stream", "frames")} == {"v": 1, "type": "eos", "stream": "cam",
-                                                                      "frames": len(dets)}  # fmt: skip
+    assert {k: eos[k] for k in ("v", "type", "stream", "frames")} == {
+        "v": 1,
+        "type": "eos",
+        "stream": "cam",
+        "frames": len(dets),
+    }
     assert eos["read"] == eos["frames"] + eos["dropped"], eos  # every frame decoded: published or counted
     return dets
 
@@ -399,7 +422,9 @@ def test_paced_tcp_feed_end_to_end_on_the_cpu_route(tmp_path: Path) -> None:
     video = make_sample_video(tmp_path / "feed.mp4", width=320, height=240, seconds=3.0)
     result, msgs, served = run_paced(video, 10.0, device="cpu", max_staleness_ms=2000)
     dets = check_live_messages(msgs, (320, 240), min_frames=45)
-    print(f"cpu route: {len(dets)} frames published of 90 served ({served.strip()}); dropped {result.stats['cam'].dropped}")
+    print(
+        f"cpu route: {len(dets)} frames published of 90 served ({served.strip()}); dropped {result.stats['cam'].dropped}"
+    )
 
 
 # -- the NVDEC route's plumbing on the CPU: PyNvVideoCodec and CuPy stand-ins --------------------------------
@@ -430,12 +455,28 @@ def fake_cupy() -> Any:
     import types
 
     m = types.ModuleType("fakecupy")  # its own name: the conversion's caches never mix it with real CuPy
-    for name in ("zeros", "empty", "full", "asarray", "ascontiguousarray", "sum", "clip", "multiply", "float32",
-                 "uint8", "from_dlpack", "ndarray"):
+    for name in (
+        "zeros",
+        "empty",
+        "full",
+        "asarray",
+        "ascontiguousarray",
+        "sum",
+        "clip",
+        "multiply",
+        "float32",
+        "uint8",
+        "from_dlpack",
+        "ndarray",
+    ):
         setattr(m, name, getattr(np, name))
-    m.cuda = _Ns(Device=_Ctx, Stream=_Ctx, Event=_Ctx,
-                 runtime=_Ns(getDeviceCount=lambda: 1, getDevice=lambda: 0, free=lambda p: None),
-                 driver=_Ns(ctxGetCurrent=lambda: 777))
+    m.cuda = _Ns(
+        Device=_Ctx,
+        Stream=_Ctx,
+        Event=_Ctx,
+        runtime=_Ns(getDeviceCount=lambda: 1, getDevice=lambda: 0, free=lambda p: None),
+        driver=_Ns(ctxGetCurrent=lambda: 777),
+    )
     return m
 
 
@@ -511,8 +552,9 @@ def fake_nvdec(monkeypatch: pytest.MonkeyPatch) -> FakeNvc:
 
 
 @pytest.mark.parametrize("clip, low", [("hd", True), ("vga", False)])
-def test_nvdec_plumbing_with_stand_ins(fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, clip: str,
-                                       low: bool) -> None:
+def test_nvdec_plumbing_with_stand_ins(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, clip: str, low: bool
+) -> None:
     """NvdecDecoder + DeviceRows with CuPy/PyNvVideoCodec stand-ins: Annex-B packets (start codes, SPS/PPS from
     the MP4's avcC) at the pointer, pts, the low-latency flag, every frame in order, the rows of the NV12 path."""
     import av
@@ -557,7 +599,9 @@ def test_nvdec_route_end_to_end_with_stand_ins(fake_nvdec: FakeNvc, tmp_path: Pa
     print(f"stand-in nvdec route: {len(dets)} frames; dropped {result.stats['cam'].dropped}")
 
 
-def test_nvdec_failure_falls_back_to_the_cpu(fake_nvdec: FakeNvc, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_nvdec_failure_falls_back_to_the_cpu(
+    fake_nvdec: FakeNvc, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """NVDEC fails mid-feed: logged, the feed goes on on the CPU from its next keyframe; the stream never fails."""
     from stream.tools.sample import make_sample_video
 
@@ -577,8 +621,8 @@ def test_nvdec_failure_falls_back_to_the_cpu(fake_nvdec: FakeNvc, tmp_path: Path
 
 # -- GPU ------------------------------------------------------------------------------------------------------------
 def _gpu_reason() -> str | None:
-    from stream.sources.nvdec import nvdec_unavailable_reason
     from stream.engines.device import cuda_unavailable_reason
+    from stream.sources.nvdec import nvdec_unavailable_reason
 
     return cuda_unavailable_reason() or nvdec_unavailable_reason("cuda")
 
@@ -589,7 +633,6 @@ GPU_REASON = _gpu_reason()
 @pytest.fixture(scope="module")
 def gpu_clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     from stream.tools.sample import make_sample_video
-
     from tests.conftest import make_resolution_change
 
     d = tmp_path_factory.mktemp("nvdec_gpu")
@@ -617,8 +660,16 @@ def nvdec_pass(path: Path, info: Any) -> dict[str, Any]:
     rows = DeviceRows(info)
     rows.warm_up()
     batch = rows.new_batch()
-    out: dict[str, Any] = {"pts": [], "sizes": [], "rows": [], "nv12": [], "lat_ms": [], "lag": [], "low": None,
-                           "flushed": 0}
+    out: dict[str, Any] = {
+        "pts": [],
+        "sizes": [],
+        "rows": [],
+        "nv12": [],
+        "lat_ms": [],
+        "lag": [],
+        "low": None,
+        "flushed": 0,
+    }
     with av.open(str(path)) as c:
         vs = c.streams.video[0]
         dec = NvdecDecoder(vs, stream_id="t", cuda_stream=rows.stream)
@@ -653,14 +704,16 @@ def nvdec_pass(path: Path, info: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("clip", ["gop30", "bframes", "hevc"])
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
-def test_nvdec_every_frame_in_order_and_rows_match_the_cpu_route(gpu_clips: dict[str, Path], model_info: Any, clip: str) -> None:
+def test_nvdec_every_frame_in_order_and_rows_match_the_cpu_route(
+    gpu_clips: dict[str, Path], model_info: Any, clip: str
+) -> None:
     """(i) and (ii): NvdecDecoder on PyAV-demuxed packets: every frame, in display order, with PyAV's pts; the
     device rows equal nv12_to_row (numpy) on PyAV's own NV12 of the same frame (H.264/HEVC decoding is bit-exact)
     and match the CPU route's rows (mean <= 3 levels); per-packet latency printed."""
     import av
 
-    from stream.sources.nvdec import nv12_to_row
     from stream.sources.host import HostPreprocessor
+    from stream.sources.nvdec import nv12_to_row
 
     info = model_info
     if clip not in gpu_clips:
@@ -684,10 +737,12 @@ def test_nvdec_every_frame_in_order_and_rows_match_the_cpu_route(gpu_clips: dict
         cpu.append(levels(got["rows"][i] - cpu_route_row(pre, f), info))
     e, d = np.stack(exact), np.stack(cpu)
     lat = np.array(got["lat_ms"])
-    print(f"{clip}: {len(ref_frames)} frames ({'LOW' if got['low'] else 'NATIVE'} latency, {got['flushed']} at the flush); "
-          f"device vs numpy on PyAV's NV12: mean {e.mean():.4f} max {e.max():.3f} levels; vs the CPU route: mean "
-          f"{d.mean():.3f} p99 {np.percentile(d, 99):.2f} levels; per packet decode+rows p50 {np.percentile(lat, 50):.2f} "
-          f"ms p99 {np.percentile(lat, 99):.2f} ms; packets-in minus frames-out max {max(got['lag'])}")
+    print(
+        f"{clip}: {len(ref_frames)} frames ({'LOW' if got['low'] else 'NATIVE'} latency, {got['flushed']} at the flush); "
+        f"device vs numpy on PyAV's NV12: mean {e.mean():.4f} max {e.max():.3f} levels; vs the CPU route: mean "
+        f"{d.mean():.3f} p99 {np.percentile(d, 99):.2f} levels; per packet decode+rows p50 {np.percentile(lat, 50):.2f} "
+        f"ms p99 {np.percentile(lat, 99):.2f} ms; packets-in minus frames-out max {max(got['lag'])}"
+    )
     assert e.mean() <= 0.05 and np.percentile(e, 99) <= 1.0, "device rows differ from the same conversion on the host"
     assert d.mean() <= 3.0, f"mean {d.mean():.2f} levels from the CPU route"
     assert np.percentile(lat, 50) < 25.0, f"decode latency p50 {np.percentile(lat, 50):.1f} ms"
@@ -702,7 +757,9 @@ def test_nvdec_every_frame_in_order_and_rows_match_the_cpu_route(gpu_clips: dict
 @pytest.mark.parametrize("dtype, normalized", [("float16", False), ("float32", True), ("float16", True)])
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
-def test_fused_row_kernel_equals_the_array_code(model_info: Any, size: tuple[int, int], dtype: str, normalized: bool) -> None:
+def test_fused_row_kernel_equals_the_array_code(
+    model_info: Any, size: tuple[int, int], dtype: str, normalized: bool
+) -> None:
     """nv12_to_row's one-kernel CuPy form against its array code (fused=False, CuPy) and numpy, on random NV12
     planes: the same taps and weights, so within float rounding (the kernel may fuse multiply-adds), with
     tagged BT.709 full range and centred chroma too, in the model's dtype."""
@@ -713,7 +770,9 @@ def test_fused_row_kernel_equals_the_array_code(model_info: Any, size: tuple[int
     from stream.sources.nvdec import nv12_to_row
 
     w, h = size
-    info = replace(model_info, dtype=dtype, **({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)} if normalized else {}))
+    info = replace(
+        model_info, dtype=dtype, **({"mean": (0.485, 0.456, 0.406), "std": (0.229, 0.224, 0.225)} if normalized else {})
+    )
     rng = np.random.default_rng(w)
     y = rng.integers(0, 256, (h, w), dtype=np.uint8)
     uv = rng.integers(0, 256, (h // 2, w), dtype=np.uint8)
@@ -727,17 +786,26 @@ def test_fused_row_kernel_equals_the_array_code(model_info: Any, size: tuple[int
         host = np.zeros((3, info.height, info.width), dtype)
         nv12_to_row(np, y, uv, host, info, **tags)
         assert (rows["fused"] != -7.0).all(), "pixels left unwritten"
-        np.testing.assert_allclose(rows["fused"], rows["array"], rtol=0, atol=tol * max(1.0, float(np.abs(rows["array"]).max())))
-        np.testing.assert_allclose(rows["fused"], host.astype(np.float32), rtol=0, atol=tol * max(1.0, float(np.abs(host).max())))
+        np.testing.assert_allclose(
+            rows["fused"], rows["array"], rtol=0, atol=tol * max(1.0, float(np.abs(rows["array"]).max()))
+        )
+        np.testing.assert_allclose(
+            rows["fused"], host.astype(np.float32), rtol=0, atol=tol * max(1.0, float(np.abs(host).max()))
+        )
         same = float((rows["fused"] == rows["array"]).mean())
-        print(f"{w}x{h} {dtype} {'normalized' if normalized else 'plain'} {tags or 'untagged'}: {same:.4f} of values identical")
+        print(
+            f"{w}x{h} {dtype} {'normalized' if normalized else 'plain'} {tags or 'untagged'}: {same:.4f} of values identical"
+        )
 
 
-@pytest.mark.parametrize("clip, sizes", [("shrink", [(320, 240)] * 10 + [(160, 96)] * 8),
-                                         ("grow", [(160, 96)] * 8 + [(320, 240)] * 10)])  # fmt: skip
+@pytest.mark.parametrize(
+    "clip, sizes", [("shrink", [(320, 240)] * 10 + [(160, 96)] * 8), ("grow", [(160, 96)] * 8 + [(320, 240)] * 10)]
+)
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
-def test_nvdec_resolution_changes(gpu_clips: dict[str, Path], model_info: Any, clip: str, sizes: list[tuple[int, int]]) -> None:
+def test_nvdec_resolution_changes(
+    gpu_clips: dict[str, Path], model_info: Any, clip: str, sizes: list[tuple[int, int]]
+) -> None:
     got = nvdec_pass(gpu_clips[clip], model_info)
     print(f"{clip}: sizes {got['sizes']}")
     assert got["sizes"] == sizes
@@ -764,8 +832,9 @@ def test_device_rows_shift_and_ready(model_info: Any) -> None:
 
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
-def test_nvdec_live_feed_end_to_end(gpu_clips: dict[str, Path], monkeypatch: pytest.MonkeyPatch,
-                                    caplog: pytest.LogCaptureFixture) -> None:
+def test_nvdec_live_feed_end_to_end(
+    gpu_clips: dict[str, Path], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """(iii) A paced 1280x720 MPEG-TS feed (10 s: the first run of the CUDA kernels and sessions takes seconds,
     and a 4 s feed published only 21 frames on the H200, 2026-12-02) over tcp://, device cuda, live_decode nvdec: detections of the
     source's size arrive, the NVDEC route decoded them, and no frame-sized tensor reached the host."""
@@ -779,10 +848,14 @@ def test_nvdec_live_feed_end_to_end(gpu_clips: dict[str, Path], monkeypatch: pyt
     assert "decoding this feed on the CPU" not in caplog.text, "the NVDEC route fell back to the CPU"
     dets = check_live_messages(msgs, (1280, 720), min_frames=30)  # of 300 served (the first GOP goes to probing)
     frame_bytes = 1280 * 720 * 3  # as in test_gpu.py: a frame-sized copy is far above 1% of it
-    print(f"nvdec route: {len(dets)} frames published of 300 served ({served.strip()}); dropped "
-          f"{result.stats['cam'].dropped}; largest host copy {guard.largest} bytes of {len(guard.copies)}")
+    print(
+        f"nvdec route: {len(dets)} frames published of 300 served ({served.strip()}); dropped "
+        f"{result.stats['cam'].dropped}; largest host copy {guard.largest} bytes of {len(guard.copies)}"
+    )
     assert guard.copies, "the guard saw no copy at all: it is not wired to the path"
-    assert guard.largest < frame_bytes // 100, f"a large device-to-host copy: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
+    assert guard.largest < frame_bytes // 100, (
+        f"a large device-to-host copy: {sorted(guard.copies, key=lambda c: -c[1])[:3]}"
+    )
 
 
 @pytest.mark.gpu
@@ -796,19 +869,25 @@ def test_nvdec_live_detections_match_the_cpu_route(gpu_clips: dict[str, Path], m
     _, nv, _ = run_paced(gpu_clips["feed"], 14.0, device="cuda", live_decode="nvdec")
     _, cpu, _ = run_paced(gpu_clips["feed"], 8.0, device="cuda", live_decode="cpu")
     by_pts = {round(m["pts_s"], 3): m for m in cpu if m["type"] == "detections"}
-    pairs = [(m, by_pts[round(m["pts_s"], 3)]) for m in nv if m["type"] == "detections" and round(m["pts_s"], 3) in by_pts]
+    pairs = [
+        (m, by_pts[round(m["pts_s"], 3)]) for m in nv if m["type"] == "detections" and round(m["pts_s"], 3) in by_pts
+    ]
     floor = (model_info.score_thresh or 0.0) + 0.03
     compared = missed = 0
     for a, b in pairs:
         missed += len(unmatched(a["detections"], b["detections"], min_iou=0.8, score_tol=0.03, floor=floor))
         missed += len(unmatched(b["detections"], a["detections"], min_iou=0.8, score_tol=0.03, floor=floor))
-        compared += sum(d["score"] >= floor for d in a["detections"]) + sum(d["score"] >= floor for d in b["detections"])
+        compared += sum(d["score"] >= floor for d in a["detections"]) + sum(
+            d["score"] >= floor for d in b["detections"]
+        )
     print(f"nvdec vs cpu route on {len(pairs)} common frames: {missed} of {compared} detections unmatched")
     assert len(pairs) >= 10, f"only {len(pairs)} frames published by both routes"
     assert compared > 50 and missed <= 0.3 * compared, f"{missed} of {compared} unmatched"
 
 
-if __name__ == "__main__":  # python -m tests.sources.test_nvdec VIDEO PORT: serve VIDEO once, paced, as MPEG-TS over TCP
+if (
+    __name__ == "__main__"
+):  # python -m tests.sources.test_nvdec VIDEO PORT: serve VIDEO once, paced, as MPEG-TS over TCP
     serve_ts(sys.argv[1], int(sys.argv[2]))
 
 
@@ -819,7 +898,6 @@ def test_sequence_parameter_sets_change_where_the_resolution_does(tmp_path: Path
     from av.bitstream import BitStreamFilterContext
 
     from stream.sources.pyav import sequence_parameter_sets
-
     from tests.conftest import make_resolution_change
 
     path = make_resolution_change(tmp_path / "rc.mkv")

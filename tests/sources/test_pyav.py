@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from stream.sources.naming import Source
 from stream.sources.pyav import sequence_changes
 from stream.tools.sample import make_sample_video
-from stream.sources.naming import Source
-
 from tests.conftest import make_resolution_change
 
 
@@ -26,8 +25,9 @@ from tests.conftest import make_resolution_change
         (((320, 240, 6), (320, 240, 6)), []),  # two encodes at one size: the same SPS bytes, no change
     ],
 )
-def test_changes_are_found_at_the_frame_they_start(tmp_path: Path, parts: tuple[tuple[int, int, int], ...],
-                                                   changes: list[int]) -> None:  # fmt: skip
+def test_changes_are_found_at_the_frame_they_start(
+    tmp_path: Path, parts: tuple[tuple[int, int, int], ...], changes: list[int]
+) -> None:
     path = make_resolution_change(tmp_path / "rc.mkv", parts)
     assert sequence_changes(Source("rc", str(path))) == changes
 

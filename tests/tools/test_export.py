@@ -14,15 +14,18 @@ pytest.importorskip("torchvision")
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")
 
+from stream.engines.model import ModelInfo, load_info  # noqa: E402
 from stream.errors import ModelError  # noqa: E402
 from stream.tools.export import add_arguments, export_model, run  # noqa: E402
-from stream.engines.model import ModelInfo, load_info  # noqa: E402
 from stream.tools.sample import _background, render_frame  # noqa: E402
 
 HEIGHT, WIDTH, BATCH = 256, 320, 2
 # retinanet_tiny's shipped threshold; the full model's random scores sit just above the 0.01 prior, so a
 # threshold of 0 keeps max_detections per image and makes N predictable.
-SETTINGS = {"retinanet_tiny": {"score_thresh": 0.3}, "retinanet_resnet50_fpn_v2": {"score_thresh": 0.0, "max_detections": 20}}
+SETTINGS = {
+    "retinanet_tiny": {"score_thresh": 0.3},
+    "retinanet_resnet50_fpn_v2": {"score_thresh": 0.0, "max_detections": 20},
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +36,9 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
     def get(arch: str) -> Path:
         if arch not in paths:
             out = tmp_path_factory.mktemp(arch) / f"{arch}.onnx"
-            paths[arch] = export_model(out, arch=arch, weights="random", input_size=(HEIGHT, WIDTH), batch=BATCH, **SETTINGS[arch])
+            paths[arch] = export_model(
+                out, arch=arch, weights="random", input_size=(HEIGHT, WIDTH), batch=BATCH, **SETTINGS[arch]
+            )
         return paths[arch]
 
     return get
@@ -53,7 +58,9 @@ def scene(index: int) -> np.ndarray:
 def infer(info: ModelInfo, images: list[np.ndarray]) -> dict[str, np.ndarray]:
     session = ort.InferenceSession(str(info.path), providers=["CPUExecutionProvider"])
     batch = np.stack(images).astype(info.dtype)
-    return dict(zip(["boxes", "scores", "labels", "batch_index"], session.run(info.output_names, {info.input_name: batch})))
+    return dict(
+        zip(["boxes", "scores", "labels", "batch_index"], session.run(info.output_names, {info.input_name: batch}))
+    )
 
 
 def check_outputs(out: dict[str, np.ndarray], info: ModelInfo) -> None:
@@ -99,7 +106,14 @@ def test_tiny_sees_nothing_in_a_dark_frame(export: Callable[[str], Path]) -> Non
 
 
 def test_fp16_export_runs_on_cpu(tmp_path: Path) -> None:
-    path = export_model(tmp_path / "tiny16.onnx", arch="retinanet_tiny", input_size=(HEIGHT, WIDTH), batch=BATCH, fp16=True, score_thresh=0.3)
+    path = export_model(
+        tmp_path / "tiny16.onnx",
+        arch="retinanet_tiny",
+        input_size=(HEIGHT, WIDTH),
+        batch=BATCH,
+        fp16=True,
+        score_thresh=0.3,
+    )
     info = load_info(path)
     assert info.dtype == "float16"
     out = infer(info, [scene(10), scene(100)])
@@ -112,7 +126,9 @@ def test_weights_from_a_state_dict(tmp_path: Path) -> None:
 
     state = build_model("retinanet_tiny", "random", score_thresh=0.3, max_detections=10, seed=1).state_dict()
     torch.save(state, tmp_path / "tiny.pth")
-    path = export_model(tmp_path / "tiny.onnx", arch="retinanet_tiny", weights=str(tmp_path / "tiny.pth"), input_size=(64, 64))
+    path = export_model(
+        tmp_path / "tiny.onnx", arch="retinanet_tiny", weights=str(tmp_path / "tiny.pth"), input_size=(64, 64)
+    )
     meta = {p.key: p.value for p in onnx.load(str(path)).metadata_props}
     assert meta["stream.weights"] == str((tmp_path / "tiny.pth").resolve())
     with pytest.raises(ModelError, match="does not fit"):
