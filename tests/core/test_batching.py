@@ -401,9 +401,12 @@ def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Pat
         server.wait(10)
     st = result.stats
     assert all(st[f"f{i}"].frames > 30 for i in range(4)), {k: v.frames for k, v in st.items()}
-    # With the old order it published none. On 2 idle cores it runs 150-200 of its 240; 44 on 2 cores that
-    # two busy loops share (whatever waits over 100 ms is dropped as stale, as it should be).
-    assert st["live"].frames >= 20, ({k: v.frames for k, v in st.items()}, st["live"].dropped)
+    # With the old order it published none. How many it gets depends on the machine: 150-200 of its 240 on 2
+    # idle cores, 44 on 2 cores that two busy loops share, 17 on a slow 2-core machine (whatever waits over
+    # 100 ms is dropped as stale, as it should be); so: some, and every other frame read is counted as dropped.
+    live = st["live"]
+    assert live.frames >= 5, ({k: v.frames for k, v in st.items()}, live.dropped)
+    assert live.read == live.frames + live.dropped_total > 100, (live.read, live.frames, live.dropped)
 
 
 def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
