@@ -10,6 +10,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -269,7 +270,11 @@ def cmd_ctl(args: argparse.Namespace) -> int:
     except (TimeoutError, StreamError) as exc:
         print(f"stream ctl: {exc}", file=sys.stderr)
         return 2
-    print(json.dumps(reply, indent=None if args.verb != "list" else 1))
+    try:
+        print(json.dumps(reply, indent=None if args.verb != "list" else 1), flush=True)
+    except BrokenPipeError:  # `stream ctl list | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own advice: no error at exit
+        return 0 if reply.get("ok") else 1
     if not reply.get("ok"):
         print(f"stream ctl: {reply.get('error')}", file=sys.stderr)
         return 1
