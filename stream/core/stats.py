@@ -42,15 +42,18 @@ class StreamStats:
     def dropped_total(self) -> int:
         return sum(dict(self.dropped).values())
 
-    def recent_fps(self) -> float:
-        """Frames per second over the last few seconds (0 once nothing arrives)."""
+    def recent_fps(self, window: float = 5.0) -> float:
+        """Frames per second over the last `window` seconds, up to now: it falls while nothing arrives and is 0
+        once nothing has arrived for the whole window. An ended stream shows its whole-run rate."""
+        if self.ended_at is not None:
+            return self.fps if self.frames else 0.0
         now = time.perf_counter()
-        pts = [(t, n) for t, n in list(self.recent) if now - t <= 5.0]
-        if self.ended_at is None and pts and now - pts[-1][0] > 2.0:
+        pts = list(self.recent)
+        if not pts or now - pts[-1][0] >= window:
             return 0.0
-        if len(pts) < 2 or pts[-1][0] <= pts[0][0]:
-            return 0.0 if self.ended_at is None or not self.frames else self.fps
-        return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+        older = [p for p in pts if now - p[0] >= window]
+        t0, n0 = older[-1] if older else pts[0]
+        return (self.frames - n0) / max(now - t0, 1e-9)
 
     def latency_ms(self, q: float) -> float | None:
         lat = sorted(self.latencies)
