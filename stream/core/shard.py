@@ -10,19 +10,23 @@ Decision record:
   stream's place depends on its id and N only, so that going from N to N+1 shards moves about 1/(N+1) of the
   streams, and nothing needs to be told to the other shards: every pod reads the same config and computes the
   same split.
-- Bounded loads: plain rendezvous hashing leaves the busiest of 16 shards about 25% above the mean for 1,000
-  ids (balls into bins). Streams are therefore placed one after the other, in an order fixed by their hash, on
-  the first shard of their own ranking that has room, a shard holding at most LOAD_BOUND times the mean
-  (consistent hashing with bounded loads, Mirrokni, Thorup and Zadimoghaddam). The cost: a stream's shard
-  depends on the other ids of the config too, so every pod must read the same `sources` (one ConfigMap does
-  that); moves on N -> N+1 stay below 1.3/(N+1) of the streams (tests/core/test_shard.py).
+- Balanced, and only the new shard gains: plain rendezvous hashing leaves the busiest of 16 shards about 25% above
+  the mean for 1,000 ids (balls into bins), and bounded-load variants, which spill a full shard's streams to
+  the next in their ranking, move streams between old shards when N changes. The split is therefore built up
+  one shard at a time: all streams start on shard 0; shard k joins by taking, always from the most loaded of
+  shards 0..k-1, the stream that ranks shard k highest (its rendezvous weight for k), until it holds
+  floor(m/(k+1)) of the m streams. So every shard holds floor(m/N) or ceil(m/N) streams; going from N to N+1
+  moves exactly the new shard's streams (about 1/(N+1)), all of them to it; and going from N+1 back to N (a
+  StatefulSet scales down from its highest ordinal, the only way it removes a pod) moves only the removed
+  shard's streams. The cost: a stream's shard depends on the other ids of the config too, so every pod must
+  read the same `sources` (one ConfigMap does that).
 - Streams added at run time (`stream ctl add`) are not filtered: the operator sent them to this daemon.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
+import heapq
 import os
 import re
 import socket
@@ -33,7 +37,6 @@ from typing import Any
 from stream.errors import ConfigError
 
 SHARDS_ENV = "STREAM_SHARDS"  # `shard = "auto"`: the number of shards (a StatefulSet's replicas)
-LOAD_BOUND = 1.15  # no shard holds more than this times the mean number of streams
 _HINT = 'write "I/N" (this daemon is shard I of N, I from 0 to N-1), "auto" (a StatefulSet pod) or "" (off)'
 
 
@@ -138,23 +141,31 @@ def _weight(shard: int | str, stream_id: str) -> int:
 
 
 def ranking(stream_id: str, count: int) -> list[int]:
-    """The shards in the stream's order of preference (rendezvous hashing)."""
+    """The shards in the stream's order of preference (plain rendezvous hashing, before balancing)."""
     return sorted(range(count), key=lambda s: (_weight(s, stream_id), -s), reverse=True)
 
 
 def assign(stream_ids: Sequence[str], count: int) -> dict[str, int]:
-    """Each stream id's shard among `count`, every shard holding at most LOAD_BOUND times the mean."""
+    """Each stream id's shard among `count`: shards join one at a time, each taking the streams that rank it
+    highest from the most loaded shards before it, until every shard holds floor(m/count) or ceil(m/count)."""
     if count < 1:
         raise ValueError(f"count must be at least 1, got {count}")
     ids = list(dict.fromkeys(stream_ids))
-    room = max(math.ceil(len(ids) / count), math.floor(LOAD_BOUND * len(ids) / count))
-    load = [0] * count
-    out: dict[str, int] = {}
-    for sid in sorted(ids, key=lambda sid: (_weight("order", sid), sid)):
-        shard = next(s for s in ranking(sid, count) if load[s] < room)
-        load[shard] += 1
-        out[sid] = shard
-    return out
+    members: list[set[str]] = [set(ids)]
+    for new in range(1, count):
+        # each older shard's streams, best candidate for the new shard last (popped first)
+        queues = [sorted(m, key=lambda sid, new=new: (_weight(new, sid), sid)) for m in members]
+        heap = [(-len(m), k) for k, m in enumerate(members)]
+        heapq.heapify(heap)
+        taken: set[str] = set()
+        for _ in range(len(ids) // (new + 1)):
+            size, k = heapq.heappop(heap)
+            sid = queues[k].pop()
+            members[k].discard(sid)
+            taken.add(sid)
+            heapq.heappush(heap, (size + 1, k))
+        members.append(taken)
+    return {sid: k for k, m in enumerate(members) for sid in m}
 
 
 def split(stream_ids: Sequence[str], shard: Shard) -> ShardView:

@@ -1,4 +1,5 @@
-"""Shards (stream/core/shard.py): every id on exactly one shard, balanced, few moves when a shard is added;
+"""Shards (stream/core/shard.py): every id on exactly one shard, balanced, moves only to an added shard and only
+from a removed one;
 `auto` from a StatefulSet pod's hostname and $STREAM_SHARDS; bad values are clear ConfigErrors."""
 
 from __future__ import annotations
@@ -35,8 +36,29 @@ def test_no_shard_above_115_percent_of_the_mean(count: int) -> None:
 @pytest.mark.parametrize("count", COUNTS)
 def test_adding_a_shard_moves_few_ids(count: int) -> None:
     before, after = assign(IDS, count), assign(IDS, count + 1)
-    moved = sum(before[sid] != after[sid] for sid in IDS)
-    assert moved <= 1.3 / (count + 1) * len(IDS), f"{count} -> {count + 1}: {moved} of {len(IDS)} moved"
+    moved = [sid for sid in IDS if before[sid] != after[sid]]
+    assert len(moved) <= 1.3 / (count + 1) * len(IDS), f"{count} -> {count + 1}: {len(moved)} of {len(IDS)} moved"
+    # every moved stream went to the new shard: none moved between the shards that were there
+    assert {after[sid] for sid in moved} == {count}, f"{count} -> {count + 1}: streams moved between old shards"
+
+
+@pytest.mark.parametrize("count", COUNTS)
+def test_removing_a_replica_moves_only_its_own_streams(count: int) -> None:
+    """A StatefulSet scales down from its highest ordinal: only that shard's streams move."""
+    before, after = assign(IDS, count), assign(IDS, count - 1)
+    moved = {sid for sid in IDS if before[sid] != after[sid]}
+    assert moved == {sid for sid in IDS if before[sid] == count - 1}
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 7, 16, 40])
+@pytest.mark.parametrize("m", [0, 1, 5, 39, 1000])
+def test_every_shard_holds_floor_or_ceil_of_the_mean(count: int, m: int) -> None:
+    loads = [0] * count
+    owners = assign(IDS[:m], count)
+    assert sorted(owners) == sorted(IDS[:m])
+    for shard in owners.values():
+        loads[shard] += 1
+    assert set(loads) <= {m // count, -(-m // count)}, loads
 
 
 def test_the_split_is_stable_and_keeps_the_given_order() -> None:
