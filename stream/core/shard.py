@@ -154,7 +154,8 @@ def assign(stream_ids: Sequence[str], count: int) -> dict[str, int]:
     members: list[set[str]] = [set(ids)]
     for new in range(1, count):
         # each older shard's streams, best candidate for the new shard last (popped first)
-        queues = [sorted(m, key=lambda sid, new=new: (_weight(new, sid), sid)) for m in members]
+        weight = {sid: (_weight(new, sid), sid) for sid in ids}
+        queues = [sorted(m, key=weight.__getitem__) for m in members]
         heap = [(-len(m), k) for k, m in enumerate(members)]
         heapq.heapify(heap)
         taken: set[str] = set()
