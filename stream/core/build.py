@@ -28,6 +28,7 @@ from stream.core.frames import BatchSource, Engine, Sink
 from stream.core.instrument import Instrument
 from stream.core.runner import Runner
 from stream.core.shard import ShardView, shard_of, split
+from stream.core.startup import Stages
 from stream.core.stats import ProgressFn
 from stream.engines.model import ModelInfo, default_model_path, load_info
 from stream.sinks.curve import ServerKeys, server_keys
@@ -136,14 +137,18 @@ async def build_run(
     from stream.engines.device import choose_device, make_engine
     from stream.sources.registry import make_source
 
+    stages = Stages()
     view = None
     if sources is None:
         sources, info, view = resolve(cfg)
     else:
         info = load_info(cfg.model or default_model_path())
+    stages.mark("sources and model")
     keys = server_keys(cfg.curve_secret, cfg.curve_clients)
     device = choose_device(cfg.device, cfg.device_id)
+    stages.mark(f"device ({device})")
     engine = await asyncio.to_thread(make_engine, device, info, cfg)
+    stages.mark("engine")
     closers: list[Callable[[], object]] = [engine.close]
     publisher = None
     if sink is None:
@@ -175,4 +180,6 @@ async def build_run(
         keep_running=keep_running,
     )
     runner.status.shard = view
+    stages.mark("publisher and runner")
+    stages.log("run built")
     return Run(cfg, sources, info, device, engine, keys, publisher, sink, runner, closers)

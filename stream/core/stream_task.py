@@ -29,6 +29,7 @@ from stream import messages
 from stream.core.batcher import Batcher
 from stream.core.frames import Batch, BatchSource, FrameResult, Sink
 from stream.core.instrument import Instrument
+from stream.core.startup import since_start
 from stream.core.stats import ProgressFn, StreamStats
 from stream.errors import StreamError
 from stream.sources.naming import Source
@@ -206,6 +207,8 @@ class StreamTask:
         )
         await self.sink.send(msg)
         st.frames += 1
+        if st.frames == 1:
+            log.debug("stream %s: first frame published %.2f s after the process started", st.id, since_start())
         st.detections += len(dets)
         latency = max(0.0, time.time() - m.captured_at)
         st.latencies.append(latency)

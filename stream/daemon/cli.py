@@ -98,6 +98,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.error("%s", exc)
         return 2
     setup_logging(cfg.log_level, cfg.log_format)
+    from stream.core.startup import log as startup_log
+    from stream.core.startup import since_start
+
+    startup_log.debug("start-up: imports and config done %.2f s after the process started", since_start())
     _stacks_on_sigusr1()
     set_mmap_threshold()  # resident memory that follows what is in use (stream/daemon/malloc.py)
     bars = ProgressBars(progress_enabled(cfg.progress))

@@ -25,9 +25,11 @@ async def serve(
 ) -> RunResult:
     """Run every source of cfg to its end (or, with a control endpoint, until stopped). Raises StreamError for
     whole-run faults (model, device, endpoint)."""
-    from stream.daemon.http import Metrics
+    metrics = None
+    if cfg.metrics_port:  # prometheus_client is imported only where it serves
+        from stream.daemon.http import Metrics
 
-    metrics = Metrics() if cfg.metrics_port else None
+        metrics = Metrics()
     run = await build_run(cfg, progress=progress, instrument=metrics, keep_running=bool(cfg.control))
     runner, publisher = run.runner, run.publisher
     assert publisher is not None

@@ -23,8 +23,13 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def session_options(threads: int | None = None) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
     """Session options for both engines.
+
+    Spinning: ONNX Runtime's intra-op threads busy-wait between operators by default. The CPU engine turns
+    that off (`spin=False`): its cores are shared with the decode thread (PyAV, swscale, the resize), and on a
+    2-core machine the spinning threads burned about 3 of a 10-s clip's 14 CPU-seconds that decode needed
+    (bench/RESULTS.md, the CPU path as a whole process).
 
     Memory: ORT's CPU arena stays on (buffers are reused between runs; the CPU soak test runs 20,000 frames and
     checks resident memory grows under 5% after warm-up). The CUDA provider's arena is set in engines/cuda.py.
@@ -35,6 +40,8 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
     so.log_severity_level = 3
     if threads:
         so.intra_op_num_threads = threads
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return so
 
 
@@ -44,15 +51,13 @@ class CpuEngine:
     device = "cpu"
 
     def __init__(self, info: ModelInfo, threads: int | None = None) -> None:
-        import onnxruntime as ort
+        from stream.engines.model_cache import cpu_session
 
         self.info = info
         self.buffers = 1
         self.threads = threads or os.cpu_count() or 1
         try:
-            self.session = ort.InferenceSession(
-                str(info.path), session_options(self.threads), providers=["CPUExecutionProvider"]
-            )
+            self.session = cpu_session(info.path, session_options(self.threads, spin=False))
         except Exception as exc:
             raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
         log.info("cpu engine: %d intra-op thread(s), model %s", self.threads, info.path.name)

@@ -247,14 +247,20 @@ def describe(path: Path, meta: dict[str, str], inputs: list[Any], outputs: list[
 
 def load_info(path: str | Path) -> ModelInfo:
     """Read a model's ModelInfo with a CPU session (no CUDA is touched; no graph optimization, so a large
-    model costs little more than reading the file)."""
-    import onnxruntime as ort
+    model costs little more than reading the file), or from the model cache (stream.engines.model_cache) when
+    this file was read before: the same checks, without a second session at start-up."""
+    from stream.engines import model_cache
 
     p = Path(path)
     if not p.is_file():
         raise ModelError(
             f"model {p}: no such file. Pass --model with an .onnx file, or omit it for the shipped small model."
         )
+    cached = model_cache.read_description(p)
+    if cached is not None:
+        return describe(p, *cached)
+    import onnxruntime as ort
+
     try:
         so = ort.SessionOptions()
         so.log_severity_level = 3
@@ -265,7 +271,10 @@ def load_info(path: str | Path) -> ModelInfo:
             f"model {p}: ONNX Runtime cannot load it ({str(exc).splitlines()[0][:300]}). Re-export it with `stream export-model`."
         ) from exc
     meta = dict(sess.get_modelmeta().custom_metadata_map)
-    return describe(p, meta, sess.get_inputs(), sess.get_outputs())
+    inputs, outputs = sess.get_inputs(), sess.get_outputs()
+    info = describe(p, meta, inputs, outputs)
+    model_cache.write_description(p, meta, inputs, outputs)  # only a model that passed every check
+    return info
 
 
 def _three(values: Any, path: Path, key: str) -> tuple[float, float, float]:
