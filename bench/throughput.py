@@ -8,6 +8,15 @@ The naive loop: PyAV decodes each frame to RGB on the host, OpenCV resizes it, n
 Ours: `stream.core.runner.Runner` as `stream run` runs it (decode, preprocess, N-buffered inference, ZeroMQ publish),
 after a warm-up run on a short clip so that session creation and cuDNN's algorithm search are not timed.
 Both read the same video; prints both fps and their ratio, and writes them as JSON with --json.
+
+    python bench/throughput.py --device cpu --whole-process      # both as programs, launch to exit
+
+--whole-process times the two as a user meets them: `python bench/naive_loop.py VIDEO` against
+`stream run --source VIDEO`, each a fresh process timed from launch to exit, start-up, imports and model
+loading included, in alternating pairs (naive, ours, naive, ours, ...) so that a machine whose speed drifts
+slows both alike. For each clip length (--clips, seconds) it prints the median and the spread (min..max) of
+each, the ratio of the medians (naive / ours: above 1, ours is faster) and the median of the per-pair ratios,
+and ours' first frame published (from its debug log), after the process started.
 """
 
 from __future__ import annotations
@@ -17,6 +26,9 @@ import asyncio
 import json
 import os
 import platform
+import re
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -91,6 +103,71 @@ async def _ours(cfg: config.Config, warm: Path, video: Path) -> tuple[float, int
         engine.close()
 
 
+def _timed(cmd: list[str]) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stderr[-2000:]}")
+    return wall, proc.stdout + proc.stderr
+
+
+def whole_process(a: argparse.Namespace, tmp: Path) -> dict[str, object]:
+    """Both programs launched and timed to exit, in alternating pairs, for each clip length."""
+    here = Path(__file__).resolve().parent
+    naive_cmd = [sys.executable, str(here / "naive_loop.py"), "--device", a.device]
+    if a.naive_model is not None:
+        naive_cmd += ["--model", str(a.naive_model)]
+    ours_cmd = [sys.executable, "-m", "stream", "run", "--device", a.device, "--progress", "off"]
+    ours_cmd += ["--log-level", "debug", "--publish", "tcp://127.0.0.1:*"]
+    if a.model is not None:
+        ours_cmd += ["--model", str(a.model)]
+    clips: list[dict[str, object]] = []
+    for seconds in a.clips:
+        video = make_sample_video(tmp / f"clip-{seconds:g}s.mp4", width=a.size[0], height=a.size[1], seconds=seconds)
+        _timed([*naive_cmd, str(video)])  # warm the file cache and the model cache once, untimed
+        _timed([*ours_cmd, "--source", f"clip={video}"])
+        naive_s, ours_s, first_s = [], [], []
+        for _ in range(a.pairs):
+            naive_s.append(_timed([*naive_cmd, str(video)])[0])
+            wall, log_text = _timed([*ours_cmd, "--source", f"clip={video}"])
+            ours_s.append(wall)
+            m = re.search(r"first frame published ([0-9.]+) s", log_text)
+            if m:
+                first_s.append(float(m.group(1)))
+        ratios = [n / o for n, o in zip(naive_s, ours_s, strict=True)]
+        row = {
+            "clip_s": seconds,
+            "frames": round(seconds * 30),
+            "naive_s": [round(x, 3) for x in naive_s],
+            "ours_s": [round(x, 3) for x in ours_s],
+            "naive_median_s": round(statistics.median(naive_s), 3),
+            "ours_median_s": round(statistics.median(ours_s), 3),
+            "ratio_of_medians": round(statistics.median(naive_s) / statistics.median(ours_s), 3),
+            "median_pair_ratio": round(statistics.median(ratios), 3),
+            "ours_first_frame_median_s": round(statistics.median(first_s), 3) if first_s else None,
+        }
+        clips.append(row)
+        print(
+            f"{seconds:5g}-s clip ({row['frames']} frames), {a.pairs} pairs: "
+            f"naive {row['naive_median_s']:.2f} s ({min(naive_s):.2f}..{max(naive_s):.2f}), "
+            f"stream {row['ours_median_s']:.2f} s ({min(ours_s):.2f}..{max(ours_s):.2f}); "
+            f"naive/stream {row['ratio_of_medians']:.2f}x (pairs' median {row['median_pair_ratio']:.2f}x, "
+            f"{min(ratios):.2f}..{max(ratios):.2f}); stream's first frame at "
+            f"{row['ours_first_frame_median_s']} s"
+        )
+    return {
+        "mode": "whole-process",
+        "device": a.device,
+        "machine": platform.node(),
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "size": list(a.size),
+        "clips": clips,
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
@@ -104,9 +181,17 @@ def main() -> None:
     ap.add_argument("--naive-frames", type=int, default=150, help="frames the naive loop times")
     ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--whole-process", action="store_true", help="time both as programs, launch to exit")
+    ap.add_argument("--clips", type=float, nargs="+", default=[10.0, 2.0], help="clip lengths in seconds")
+    ap.add_argument("--pairs", type=int, default=5, help="alternating pairs per clip (--whole-process)")
     a = ap.parse_args()
 
     tmp = Path(tempfile.mkdtemp(prefix="stream-bench-"))
+    if a.whole_process:
+        result = whole_process(a, tmp)
+        if a.json:
+            a.json.write_text(json.dumps(result, indent=1))
+        return
     fps = 30
     video = a.video or make_sample_video(
         tmp / "bench.mp4", width=a.size[0], height=a.size[1], fps=fps, seconds=a.frames / fps

@@ -54,6 +54,7 @@ from stream.core.stats import ProgressFn, RunResult, StreamStats
 from stream.daemon.logs import setup_logging
 from stream.daemon.loop import run_loop
 from stream.daemon.malloc import set_mmap_threshold
+from stream.engines.cores import usable_cores
 from stream.errors import StreamError
 from stream.sources.naming import Source, redact
 
@@ -294,7 +295,7 @@ def cpu_threads_of(cfg: Config) -> int:
     (ORT's default, every core for each engine, would have N workers' threads fight over the same cores)."""
     if cfg.cpu_threads:
         return cfg.cpu_threads
-    return max(1, (os.cpu_count() or 1) // max(1, sum(1 for d in cfg.devices if d == "cpu")))
+    return max(1, usable_cores() // max(1, sum(1 for d in cfg.devices if d == "cpu")))
 
 
 def _worker_config(cfg: Config, slot: int | str, endpoint: str) -> Config:

@@ -8,12 +8,12 @@ between them. Both engines take a Batch, run it, map boxes back to source pixels
 from __future__ import annotations
 
 import logging
-import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream.core.frames import Batch, FrameResult, pack_detections, snapshot_rows, split_results
+from stream.engines.cores import usable_cores
 from stream.engines.model import ModelInfo
 from stream.errors import InferenceError, ModelError, first_line
 
@@ -55,7 +55,7 @@ class CpuEngine:
 
         self.info = info
         self.buffers = 1
-        self.threads = threads or os.cpu_count() or 1
+        self.threads = threads or usable_cores()
         try:
             self.session = cpu_session(info.path, session_options(self.threads, spin=False))
         except Exception as exc:
