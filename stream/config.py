@@ -15,7 +15,6 @@ Decision record:
 
 from __future__ import annotations
 
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -570,6 +569,8 @@ def check_workers(cfg: Config, origins: dict[str, str]) -> Config:
 
 # -- loading --------------------------------------------------------------------------------------------------
 def read_toml(path: Path) -> dict[str, Any]:
+    import tomllib  # only where a file is read (a start without one skips its import)
+
     try:
         with path.open("rb") as f:
             return tomllib.load(f)
