@@ -1,5 +1,6 @@
 """Latest wins on a live feed: when inference falls behind, frames are dropped ("no_buffer", "stale"), counted,
-and what is published stays fresh instead of queueing; with an engine that keeps up, next to nothing is.
+and what is published stays fresh instead of queueing; with an engine that keeps up, next to nothing is. With
+`detect_fps`, the frames between the rate's picks are dropped at decode ("detect_fps") and counted the same way.
 
 Real parts: a paced MPEG-TS feed over TCP on 127.0.0.1 (tests/paced_feed.py serving one pass of a file made
 here, at its own frame rate), PyAV decode on the CPU (live_decode = "cpu"), the shipped model on ONNX
@@ -297,3 +298,32 @@ def test_engine_that_keeps_up_drops_nothing(feed_video: tuple[Path, int], monkey
     dropped, n = dict(o.stats.dropped), o.decoded
     assert sum(dropped.values()) <= CONTROL_MAX_DROPS, f"{dropped} of {n} dropped with an engine that keeps up"
     assert o.stats.frames >= n - CONTROL_MAX_DROPS
+
+
+def test_detect_fps_runs_the_model_at_that_rate_and_counts_the_rest(
+    feed_video: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """detect_fps 5 on the 25 fps feed: every 5th frame by the feed's timestamps goes to the model, the others are
+    dropped at decode as "detect_fps" (in the stream's counters, on /metrics, in the eos), frames keep the feed's
+    numbers, and what is published arrives at about 5 a second of wall-clock time."""
+    video, n = feed_video
+    o = run_feed(video, n, 0.0, monkeypatch, {"detect_fps": 5})
+    st, dets, decoded = o.stats, o.detections, o.decoded
+    dropped = dict(st.dropped)
+    assert o.feed_over and st.state == "completed", (o.feed_over, st.state, st.error)
+    assert set(dropped) <= {"detect_fps", "no_buffer", "stale"}, dropped
+    assert st.frames + sum(dropped.values()) == decoded, (st.frames, dropped, decoded)
+    assert o.source.dropped == dropped and o.scraped == {k: float(v) for k, v in o.dropped_at_scrape.items()}
+    eos = o.messages[-1]
+    assert eos["type"] == "eos" and eos["read"] == decoded and eos["dropped"] == sum(dropped.values())
+    # one frame in 5 reaches the model: the engine saw only those
+    assert abs(len(dets) - decoded / 5) <= 2, f"published {len(dets)} of {decoded} decoded at detect_fps 5"
+    assert dropped.get("detect_fps", 0) >= decoded - len(dets) - CONTROL_MAX_DROPS, dropped
+    assert o.engine.frames == len(dets)
+    # evenly spaced in the feed's time (0.2 s) and numbers (5 apart), a frame of the feed either way at most
+    frames, pts = [m["frame"] for m in dets], [m["pts_s"] for m in dets]
+    assert all(4 <= b - a <= 6 for a, b in zip(frames, frames[1:])), frames
+    assert all(0.2 - 0.041 <= b - a <= 0.2 + 0.041 for a, b in zip(pts, pts[1:])), pts
+    # and at about 5 a second as they arrive (the feed is paced in real time)
+    span = dets[-1]["captured_at"] - dets[0]["captured_at"]
+    assert 3.5 <= (len(dets) - 1) / span <= 6.5, f"{len(dets)} frames over {span:.2f} s of arrival"
