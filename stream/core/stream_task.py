@@ -14,6 +14,8 @@ Decision record:
 - Live sources report state changes from their own reader thread; they are carried onto the loop
   (call_soon_threadsafe into a queue, so the status messages keep their order), and the source is closed when
   the run or the stream is stopped: a live source never ends by itself, and may be waiting on a reconnect.
+- A source that drops frames itself (live feeds; any source with `detect_fps`) reports them through its
+  `on_drop`, set here before it is iterated: they count in the stream's `dropped` by reason, and as read.
 """
 
 from __future__ import annotations
