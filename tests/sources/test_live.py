@@ -437,8 +437,9 @@ def test_rtsp_detect_fps_flag(server: RtspServer, tmp_path: Path) -> None:
     assert sum(5 <= g <= 7 for g in gaps) >= 0.8 * len(gaps), f"frame gaps {gaps}"
     assert all(g >= 5 for g in gaps), f"two frames closer than the rate allows: {gaps}"
     assert all(b - a >= 0.2 - 0.034 for a, b in zip(pts, pts[1:])), pts
-    span = dets[-1]["captured_at"] - dets[0]["captured_at"]
-    assert 3.5 <= (len(dets) - 1) / span <= 6.0, f"{len(dets)} frames over {span:.2f} s"
+    assert abs((len(dets) - 1) - 5 * (pts[-1] - pts[0])) <= 1, (len(dets), pts[0], pts[-1])
+    span = dets[-1]["captured_at"] - dets[0]["captured_at"]  # arrival: the live source paces it in real time
+    assert 3.0 <= (len(dets) - 1) / span <= 7.5, f"{len(dets)} frames over {span:.2f} s"
     eos = sub.of("cam", "eos")[0]
     assert eos["frames"] == len(dets) and eos["read"] == eos["frames"] + eos["dropped"]
     assert eos["dropped"] >= 4 * len(dets), eos
