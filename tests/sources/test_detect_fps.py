@@ -18,7 +18,7 @@ from stream.errors import ConfigError
 from stream.sources.naming import Source, expand
 from stream.sources.rate import DetectRate, detect_fps_of
 from stream.tools.sample import make_sample_video
-from tests.conftest import Collector, free_port, run_config
+from tests.conftest import Collector, run_config
 
 
 def _times(fps: float, seconds: float, start: float = 0.0) -> list[float]:
@@ -201,7 +201,7 @@ def test_a_run_publishes_the_kept_frames_and_its_eos_accounts_for_every_frame(
 
     from stream.daemon.serve import serve
 
-    cfg = run_config([], endpoint, metrics_port=free_port())
+    cfg = run_config([], endpoint)
     tables = [{"id": "slow", "path": str(clip30), "detect_fps": 5}, f"all={clip30}"]
     cfg = replace(cfg, sources=config.check_sources(tables, "the test"))
     col = Collector(endpoint, expect_streams=2)
