@@ -78,6 +78,7 @@ class SourceSpec:
     id: str | None
     location: str
     loop: bool = False
+    detect_fps: float | None = None  # None: the run's detect_fps
 
 
 # The keys of a source written as a TOML table, and what each one is (docs/configuration.md shows them).
@@ -85,6 +86,8 @@ SOURCE_KEYS = {
     "id": "the stream id, which is also the ZeroMQ topic (default: the file's stem)",
     "path": "a file, glob, folder or URL (required)",
     "loop": "replay this file forever, `frame` counting on (default false)",
+    "detect_fps": "run the model on at most this many frames a second of this source, overriding `detect_fps` "
+    "(0: every frame)",
 }
 
 
@@ -123,7 +126,10 @@ def check_sources(items: Any, origin: str) -> tuple[SourceSpec, ...]:
             loop = item.get("loop", False)
             if not isinstance(loop, bool):
                 raise ConfigError(f"'loop' of sources[{i}] in {origin} must be true or false; got {loop!r}")
-            out.append(SourceSpec(sid, item["path"], loop))
+            fps = item.get("detect_fps")
+            if fps is not None:
+                fps = check_value("detect_fps", fps, f"sources[{i}] in {origin}")
+            out.append(SourceSpec(sid, item["path"], loop, fps))
         else:
             raise ConfigError(f"sources[{i}] in {origin} must be a string or a table with id and path; got {item!r}")
     return tuple(out)
@@ -263,6 +269,15 @@ class Config:
         worker="",
         flag=Flag(("--shard",), "I/N"),
     )  # a worker is given its streams, already this shard's
+    detect_fps: float = _key(
+        0.0,
+        "Run the model on at most this many frames a second of each stream, evenly spaced by the frames' "
+        "timestamps; every frame is still decoded, the others are dropped before preprocessing and counted "
+        "(reason detect_fps), and published frames keep the stream's own frame numbers. A source's table may "
+        "set its own. 0: every frame.",
+        bounds=(0, 1_000),
+        flag=Flag(("--detect-fps",), "FPS"),
+    )
     # publishing
     publish: str = _key(
         PUBLISH_ENDPOINT,

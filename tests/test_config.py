@@ -160,6 +160,7 @@ def test_run_flags_are_the_keys_flags() -> None:
         "--log-level",
         "--log-format",
         "--shard",
+        "--detect-fps",
     }
     for key, about in config.KEYS.items():
         if about.flag is not None:
@@ -181,10 +182,13 @@ def test_run_flags_are_the_keys_flags() -> None:
             "cpu,cpu",
             "--device-id",
             "1",
+            "--detect-fps",
+            "7.5",
         ]
     )
     assert args.sources == ["a.mp4", "x=b.mp4"] and args.duration_s == 2.5 and args.annotate_dir == "out"
     assert args.metrics_port == 8080 and args.control == "tcp://127.0.0.1:5557" and args.devices == ["cpu", "cpu"]
+    assert args.detect_fps == 7.5
     assert args.device_id == 1 and args.loop is None and args.format is None  # not given: the file's value stands
     assert options["--device"].choices == config.DEVICES and options["--format"].choices == ("json", "msgpack")
 

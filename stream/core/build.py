@@ -160,7 +160,9 @@ async def build_run(
     if cfg.annotate_dir:  # annotated videos: a tee that never waits for the annotators (stream.sinks.annotate)
         from stream.sinks.annotate import AnnotatingSink
 
-        annotating = AnnotatingSink(sink, cfg.annotate_dir, lambda sid: newest_source(sources, sid))
+        annotating = AnnotatingSink(
+            sink, cfg.annotate_dir, lambda sid: newest_source(sources, sid), detect_fps=cfg.detect_fps
+        )
         closers.append(annotating.close)
         sink = annotating
 

@@ -14,6 +14,8 @@ Decision record:
 - Live sources report state changes from their own reader thread; they are carried onto the loop
   (call_soon_threadsafe into a queue, so the status messages keep their order), and the source is closed when
   the run or the stream is stopped: a live source never ends by itself, and may be waiting on a reconnect.
+- A source that drops frames itself (live feeds; any source with `detect_fps`) reports them through its
+  `on_drop`, set here before it is iterated: they count in the stream's `dropped` by reason, and as read.
 """
 
 from __future__ import annotations
@@ -50,8 +52,18 @@ class _LiveSource(BatchSource, Protocol):
     on_reconnect: Callable[[], None] | None
 
 
+class _DroppingSource(BatchSource, Protocol):
+    """A source that drops frames on purpose before handing out batches (detect_fps on a file): it counts them."""
+
+    on_drop: Callable[[str, int], None] | None
+
+
 def _has_callbacks(bsrc: BatchSource) -> TypeGuard[_LiveSource]:
     return hasattr(bsrc, "on_state")
+
+
+def _counts_drops(bsrc: BatchSource) -> TypeGuard[_DroppingSource]:
+    return hasattr(bsrc, "on_drop")
 
 
 class StreamTask:
@@ -111,6 +123,8 @@ class StreamTask:
                 states = self._hook_live(bsrc)
                 watcher = asyncio.create_task(self._watch_live(bsrc, states), name=f"live-{src.id}")
             else:
+                if _counts_drops(bsrc):
+                    bsrc.on_drop = self._on_drop
                 st.state = "streaming"
             self.instrument.stream_started(st.id)
             if self.progress:
@@ -221,6 +235,13 @@ class StreamTask:
         if self.progress:
             self.progress(st.id, st.frames, st.expected)
 
+    def _on_drop(self, reason: str, n: int) -> None:
+        """Frames the source dropped on purpose, and why (its reader or decode thread; a dict update is atomic
+        enough for counts): they count as read and dropped."""
+        st = self.st
+        st.dropped[reason] = st.dropped.get(reason, 0) + n
+        self.instrument.frames_dropped(st.id, reason, n)
+
     # -- live sources ---------------------------------------------------------------------------------------------
     def _hook_live(self, bsrc: _LiveSource) -> _States:
         """Wire a live source's callbacks (before it is iterated): states into a queue on the loop, counts."""
@@ -237,16 +258,12 @@ class StreamTask:
             except RuntimeError:  # the loop is closed: the run is over
                 pass
 
-        def on_drop(reason: str, n: int) -> None:  # reader thread; a dict update is atomic enough for counts
-            st.dropped[reason] = st.dropped.get(reason, 0) + n
-            instrument.frames_dropped(st.id, reason, n)
-
         def on_reconnect() -> None:
             st.reconnects += 1
             instrument.reconnected(st.id)
 
         bsrc.on_state = on_state
-        bsrc.on_drop = on_drop
+        bsrc.on_drop = self._on_drop
         bsrc.on_reconnect = on_reconnect
         return states
 

@@ -41,7 +41,7 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -88,6 +88,16 @@ class SkipFrames:
         self.stream = inner.stream
         self.frames_expected = inner.frames_expected
         self._dropped = dropped
+
+    @property
+    def on_drop(self) -> Callable[[str, int], None] | None:
+        """The inner source's count of frames it drops on purpose (detect_fps), where it keeps one."""
+        return getattr(self.inner, "on_drop", None)
+
+    @on_drop.setter
+    def on_drop(self, fn: Callable[[str, int], None] | None) -> None:
+        if hasattr(self.inner, "on_drop"):
+            self.inner.on_drop = fn
 
     def __iter__(self) -> Iterator[Batch]:
         for batch in self.inner:

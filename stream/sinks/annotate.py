@@ -17,6 +17,8 @@ Decision record:
   timestamps are the source's own (fragmented MP4 has no edit list to hide the B-frame delay).
 - Timestamps and size: the source's time base and frame rate; odd sizes are padded to even ones (yuv420p
   needs them) by repeating the last row/column, so boxes keep their source pixel coordinates.
+- A stream with a detection rate (`detect_fps`) has messages for some frames only: the frames between them are
+  written with the detections of the last frame that had a message (boxes held, as a viewer expects).
 - A looped file (`--loop`) is decoded again from the start when a message asks for a frame past its end:
   the annotated file is the passes one after another.
 - Errors never reach the pipeline: an output that cannot be written (folder not writable, disk full) logs
@@ -45,6 +47,7 @@ import numpy as np
 from stream.errors import StreamError, first_line
 from stream.sinks.drawing import draw
 from stream.sources.naming import Source, redact
+from stream.sources.rate import detect_fps_of
 
 if TYPE_CHECKING:
     from av.container import OutputContainer
@@ -119,6 +122,7 @@ class Annotator:
         hint: str = SINK_HINT,
         publishing: bool = True,
         log_errors: bool = True,
+        hold: bool = False,
     ) -> None:
         if src.live:
             raise AnnotateError(f"stream {src.id}: {redact(src.location)} is a live feed; only files are annotated")
@@ -127,6 +131,10 @@ class Annotator:
         self.hint = hint  # the other way out, after the fix for the error itself
         self.publishing = publishing  # errors say that the stream's detections are still published
         self.log_errors = log_errors
+        # the stream has a detection rate (detect_fps): a frame without a message is drawn with the detections
+        # of the last frame that had one, as a viewer expects, and is no gap to warn about
+        self.hold = hold
+        self._held: list[dict[str, Any]] | None = None
         self.frames = 0  # frames written
         self.drawn = 0  # frames written with their message
         self.detections = 0
@@ -402,13 +410,15 @@ class Annotator:
                         f"pipeline published (no frame {want}); was it changed while running?"
                     )
                 index, pts_s, rgb = got
-                if index < want:  # a frame without a message: written as it is
-                    if not self._gaps:
+                if index < want:  # a frame without a message: written as it is, or with the held detections
+                    if not self.hold and not self._gaps:
                         log.warning("stream %s: annotator: frame %d had no detections message", self.src.id, index)
                     self._gaps += 1
-                    self._write(rgb, pts_s, None)
+                    self._write(rgb, pts_s, self._held)
                     continue
                 dets = msg.get("detections") or []
+                if self.hold:
+                    self._held = dets
                 self._write(rgb, pts_s, dets)
                 self.drawn += 1
                 self.detections += len(dets)
@@ -439,8 +449,10 @@ class AnnotatingSink:
         max_backlog: int = 100_000,
         stall_s: float = 30.0,
         timeout_s: float | None = None,
+        detect_fps: float = 0.0,
     ) -> None:
         self.inner = inner
+        self.detect_fps = detect_fps  # the run's; a source's own wins (frames between picks hold the last boxes)
         self.out_dir = Path(out_dir).expanduser()
         self._lookup: Lookup = lookup.get if isinstance(lookup, Mapping) else lookup
         self.max_backlog = max_backlog
@@ -500,7 +512,7 @@ class AnnotatingSink:
             n += 1
             name = f"{base}-{n}.mp4"
         self._names.add(name)
-        ann = Annotator(src, self.out_dir / name).start()
+        ann = Annotator(src, self.out_dir / name, hold=detect_fps_of(src, self) > 0).start()
         log.info("stream %s: annotating into %s", sid, ann.output)
         self.annotators.append(ann)
         self._active[sid] = ann

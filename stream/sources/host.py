@@ -11,7 +11,7 @@ model size; x and y scales are kept apart so boxes map back to source pixels exa
 from __future__ import annotations
 
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from stream.engines.model import ModelInfo
 from stream.errors import DecodeError
 from stream.sources.naming import Source
 from stream.sources.pyav import iter_rgb, probe
+from stream.sources.rate import DROP_REASON, DetectRate
 
 
 class HostPreprocessor:
@@ -62,16 +63,27 @@ class HostBatchSource:
 
     Batch arrays come from a small pool (`pool` arrays) recycled through `Batch.release`, so memory stays
     flat and a slow consumer holds the decoder back instead of letting batches pile up.
+
+    With `detect_fps` > 0 only the frames its schedule keeps (stream/sources/rate.py) are converted and
+    batched; the others are decoded and counted in `dropped["detect_fps"]` (and reported through `on_drop`,
+    which the run sets), so that read = published + dropped still holds. `frames_expected` is then the
+    declared frame count scaled to the rate (an estimate, for progress bars).
     """
 
-    def __init__(self, src: Source, info: ModelInfo, pool: int = 3) -> None:
+    def __init__(self, src: Source, info: ModelInfo, pool: int = 3, detect_fps: float = 0.0) -> None:
         self.stream = src.id
         self.src = src
         self.info = info
         self.pre = HostPreprocessor(info)
         self.frames_expected: int | None = None
+        self.dropped: dict[str, int] = {}
+        self.on_drop: Callable[[str, int], None] | None = None
+        self.detect_fps = detect_fps
         if not src.live:
-            self.frames_expected = probe(src).frames_declared or None
+            vi = probe(src)
+            self.frames_expected = vi.frames_declared or None
+            if self.frames_expected and detect_fps > 0 and vi.fps and detect_fps < vi.fps:
+                self.frames_expected = max(1, round(self.frames_expected * detect_fps / vi.fps))
         self._free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(pool):
             self._free.put(self.pre.new_batch())
@@ -84,7 +96,7 @@ class HostBatchSource:
         frames: list[FrameMeta] = []
         data = self._free.get()
         try:
-            for meta, rgb in iter_rgb(self.src):
+            for meta, rgb in iter_rgb(self.src, rate=DetectRate(self.detect_fps), on_skip=self._skipped):
                 if self._closed:
                     return
                 self.pre.fill(data, len(frames), rgb)
@@ -100,6 +112,11 @@ class HostBatchSource:
             yield self._batch(frames, data)
         else:
             self._free.put(data)
+
+    def _skipped(self, meta: FrameMeta) -> None:
+        self.dropped[DROP_REASON] = self.dropped.get(DROP_REASON, 0) + 1
+        if self.on_drop is not None:
+            self.on_drop(DROP_REASON, 1)
 
     def close(self) -> None:
         self._closed = True

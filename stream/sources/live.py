@@ -6,7 +6,9 @@ Decision record:
   reader drops frames instead (latest wins) and counts them in `dropped` by reason:
     "no_buffer"  every pooled batch array is taken (queued or in inference): the new frame is dropped;
     "stale"      a frame is older than `max_staleness_ms` when its batch is handed out (or, counted by the
-                 batcher, would be by the time an inference run of it is done).
+                 batcher, would be by the time an inference run of it is done);
+    "detect_fps" the feed's detection rate (`detect_fps`, stream/sources/rate.py) skips the frame: it is
+                 decoded and dropped at once, before colour conversion and any buffer, on both routes.
 - A partial batch is handed out as soon as the pipeline asks for one: waiting for a fuller batch happens in
   one place, the pipeline's cross-stream batcher (stream/core/batcher.py), bounded by `batch_timeout_ms` from the
   oldest frame's capture. While inference is busy the pipeline asks less often, so frames gather into fuller
@@ -50,6 +52,7 @@ from stream.engines.model import ModelInfo
 from stream.errors import SourceError, first_line
 from stream.sources.host import HostPreprocessor
 from stream.sources.naming import Source, redact, scheme_of
+from stream.sources.rate import DROP_REASON, DetectRate, detect_fps_of
 
 if TYPE_CHECKING:
     import av
@@ -157,6 +160,7 @@ class LiveBatchSource:
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
         self._index = 0  # FrameMeta.index: counts on across reconnects
+        self._rate = DetectRate(detect_fps_of(src, cfg))  # which decoded frames go on to the model
 
     def _choose_route(self, device: str) -> str:
         """ "nvdec" or "cpu" for this feed, from `live_decode` and what this machine has (before connecting: the
@@ -381,6 +385,7 @@ class LiveBatchSource:
         streamed = False
         last = time.monotonic()
         nvdec: NvdecDecoder | None = None
+        self._rate.reset()  # a new connection: its timestamps start anew
         try:
             if not container.streams.video:
                 return "the feed has no video stream", False
@@ -443,6 +448,8 @@ class LiveBatchSource:
         """Put one frame PyAV decoded into the batch being filled, or drop it when no buffer is free."""
         meta = FrameMeta(self._index, frame.time, arrived, frame.width, frame.height)
         self._index += 1
+        if not self._wanted(meta):
+            return
         with self._cond:
             full = self._filling is None and not self._free
         if full:  # no buffer to put it in: drop it before spending a colour conversion on it
@@ -457,7 +464,16 @@ class LiveBatchSource:
         """Put one NVDEC frame (decode_nvdec.NvdecFrame, on the device) into the batch being filled, or drop it."""
         meta = FrameMeta(self._index, pts_s, arrived, frame.width, frame.height)
         self._index += 1
+        if not self._wanted(meta):  # before the NV12 -> model-input kernels
+            return
         self._put(self._dev_rows, frame, meta)
+
+    def _wanted(self, meta: FrameMeta) -> bool:
+        """Whether the detection rate takes this frame (by its pts, else its arrival); if not, it is counted."""
+        if self._rate.keep(meta.pts_s if meta.pts_s is not None else meta.captured_at):
+            return True
+        self._drop(DROP_REASON)
+        return False
 
     def _put(self, rows: Any, item: Any, meta: FrameMeta) -> None:
         with self._cond:

@@ -4,7 +4,8 @@ Each pass opens the file anew through the same factory (DALI pipeline or PyAV), 
 like a single run, except where the source can `rewind()` itself: a DALI source keeps its pipeline for the
 next pass of an unchanged file (building one costs far more than a short file's pass; see sources/dali.py).
 Frame indices continue from the previous pass, while `pts_s` is the file's own timestamp and starts again
-at each pass.
+at each pass. A pass's frames are those it handed out and those its source dropped on purpose (detect_fps,
+reported through `on_drop`), so that the next pass's numbers follow the file's last frame.
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ class LoopingSource:
         self._make = make
         self._reuse = reuse  # False: a new source every pass (bench/loop_passes.py compares the two)
         self.rebuilt = 0  # passes that needed a new source (the first one not counted)
+        self._on_drop: Callable[[str, int], None] | None = None
+        self._pass_dropped = 0  # frames the current pass's source dropped on purpose
         self._current = make()
+        self._hook_drops()
         self.stream = self._current.stream
         self.frames_expected: int | None = None  # forever
         self.passes = 0
@@ -35,6 +39,7 @@ class LoopingSource:
         offset = 0
         while not self._closed:
             count, t0 = 0, time.perf_counter()
+            self._pass_dropped = 0
             for batch in self._current:
                 count += len(batch.frames)
                 if offset:
@@ -42,7 +47,7 @@ class LoopingSource:
                 yield batch
             if count == 0:
                 raise DecodeError(f"stream {self.stream}: a pass over the file yielded no frame; cannot loop it")
-            offset += count
+            offset += count + self._pass_dropped
             self.passes += 1
             t1 = time.perf_counter()
             rewind = getattr(self._current, "rewind", None)
@@ -53,6 +58,7 @@ class LoopingSource:
             else:
                 self._current.close()
                 self._current = self._make()
+                self._hook_drops()
                 self.rebuilt += 1
                 how = "a new source"
             log.debug(
@@ -64,6 +70,24 @@ class LoopingSource:
                 how,
                 time.perf_counter() - t1,
             )
+
+    @property
+    def on_drop(self) -> Callable[[str, int], None] | None:
+        """Frames a pass's source drops on purpose (detect_fps), reported by every pass's source."""
+        return self._on_drop
+
+    @on_drop.setter
+    def on_drop(self, fn: Callable[[str, int], None] | None) -> None:
+        self._on_drop = fn
+
+    def _hook_drops(self) -> None:
+        if hasattr(self._current, "on_drop"):
+            self._current.on_drop = self._dropped
+
+    def _dropped(self, reason: str, n: int) -> None:  # the thread iterating this source
+        self._pass_dropped += n
+        if self._on_drop is not None:
+            self._on_drop(reason, n)
 
     def close(self) -> None:
         self._closed = True

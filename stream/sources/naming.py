@@ -47,6 +47,7 @@ class Source:
     location: str
     live: bool = False
     loop: bool = False  # replay a file forever
+    detect_fps: float | None = None  # the source's own detection rate; None: the run's (cfg.detect_fps)
 
     @property
     def path(self) -> Path:
@@ -86,7 +87,7 @@ def _expand_one(spec: SourceSpec) -> list[Source]:
             loc = loc.split("://", 1)[1]
         else:
             sid = spec.id or Path(loc.split("?", 1)[0].rstrip("/")).name or scheme
-            return [Source(sid, loc, live=True)]
+            return [Source(sid, loc, live=True, detect_fps=spec.detect_fps)]
     path = Path(os.path.expanduser(loc))
     if _is_glob(loc):
         matches = sorted(Path(m) for m in glob.glob(os.path.expanduser(loc), recursive=True) if Path(m).is_file())
@@ -100,13 +101,13 @@ def _expand_one(spec: SourceSpec) -> list[Source]:
                 f"source folder {loc!r} holds no video files ({', '.join(sorted(VIDEO_SUFFIXES)[:6])}, ...)"
             )
     else:
-        return [Source(spec.id or path.stem or loc, str(path), loop=spec.loop)]
+        return [Source(spec.id or path.stem or loc, str(path), loop=spec.loop, detect_fps=spec.detect_fps)]
     if spec.id is not None:
         if len(files) == 1:
-            return [Source(spec.id, str(files[0]), loop=spec.loop)]
+            return [Source(spec.id, str(files[0]), loop=spec.loop, detect_fps=spec.detect_fps)]
         # ID=folder: one stream per file, named ID/stem so that ids stay unique and recognisable
-        return [Source(f"{spec.id}/{f.stem}", str(f), loop=spec.loop) for f in files]
-    return [Source(f.stem, str(f), loop=spec.loop) for f in files]
+        return [Source(f"{spec.id}/{f.stem}", str(f), loop=spec.loop, detect_fps=spec.detect_fps) for f in files]
+    return [Source(f.stem, str(f), loop=spec.loop, detect_fps=spec.detect_fps) for f in files]
 
 
 def expand(specs: tuple[SourceSpec, ...] | list[SourceSpec]) -> list[Source]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +19,7 @@ import numpy as np
 from stream.core.frames import FrameMeta
 from stream.errors import DecodeError, SourceError, first_line
 from stream.sources.naming import Source, redact
+from stream.sources.rate import DetectRate
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,18 @@ class SequenceScan:
         self._stop.set()
 
 
-def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
-    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order."""
+def iter_rgb(
+    src: Source,
+    *,
+    threads: bool = True,
+    rate: DetectRate | None = None,
+    on_skip: Callable[[FrameMeta], None] | None = None,
+) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
+    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order.
+
+    With an active `rate` (detect_fps), only the frames it keeps are converted and yielded; each frame it skips
+    is decoded (the codec needs it), keeps its place in the numbering and goes to `on_skip` instead. A frame
+    without a pts is placed at index / the stream's frame rate."""
     import av
 
     container = open_container(src)
@@ -216,11 +227,21 @@ def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta,
         if threads:
             vs.thread_type = "AUTO"
         declared = 0 if src.live else int(vs.frames or 0)
+        selecting = rate is not None and rate.active
+        avg = vs.average_rate or vs.guessed_rate
+        period = 1.0 / float(avg) if avg else 0.0
         try:
             for frame in container.decode(vs):
-                rgb = frame.to_ndarray(format="rgb24")
                 meta = FrameMeta(index, frame.time, time.time(), frame.width, frame.height)
                 index += 1
+                if selecting:
+                    assert rate is not None
+                    t = meta.pts_s if meta.pts_s is not None else (meta.index * period if period else meta.captured_at)
+                    if not rate.keep(t):
+                        if on_skip is not None:
+                            on_skip(meta)
+                        continue
+                rgb = frame.to_ndarray(format="rgb24")
                 yield meta, rgb
         except av.error.FFmpegError as exc:
             raise DecodeError(

@@ -5,6 +5,9 @@
 - Live feeds: PyNvVideoCodec on NVDEC frame by frame on CUDA (`live_decode`), else PyAV on the CPU.
 - Everything else: PyAV on the CPU, preprocessed on the host.
 - Files with `loop` (or cfg.loop) are replayed forever (LoopingSource).
+- A file with a detection rate (`detect_fps` > 0) is decoded with PyAV on the CPU on every device: DALI
+  decodes and preprocesses whole sequences of the model's batch on the device, so it cannot leave frames out
+  before preprocessing; PyAV drops them before any colour conversion. A warning names the stream on CUDA.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from stream.core.frames import BatchSource
 from stream.engines.model import ModelInfo
 from stream.errors import SourceError, StreamError
 from stream.sources.naming import Source, redact
+from stream.sources.rate import detect_fps_of
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +46,15 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
     """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyNvVideoCodec on NVDEC for live
     H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
     pool = pool_size(cfg, device)
-    if device == "cuda" and not src.live:
+    detect_fps = detect_fps_of(src, cfg)
+    if device == "cuda" and not src.live and detect_fps > 0:
+        log.warning(
+            "stream %s: detect_fps = %g: decoding this file on the CPU with PyAV (the GPU file route, DALI, "
+            "preprocesses every frame); set detect_fps = 0 for it to decode on NVDEC",
+            src.id,
+            detect_fps,
+        )
+    elif device == "cuda" and not src.live:
         from stream.sources.dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource
         from stream.sources.pyav import probe
 
@@ -75,4 +87,4 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
         return LiveBatchSource(src, info, cfg, pool=pool, device=device)
     from stream.sources.host import HostBatchSource
 
-    return HostBatchSource(src, info, pool=pool)
+    return HostBatchSource(src, info, pool=pool, detect_fps=detect_fps)

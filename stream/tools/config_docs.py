@@ -43,6 +43,14 @@ _SOURCES = """\
 sources = ["videos/*.mp4", "lobby=cams/lobby.mkv", {{ id = "gate", path = "cams/gate.mp4", loop = true }}]
 ```
 
+A table's `detect_fps` is that source's detection rate whatever the run's `detect_fps` (`--detect-fps`) says;
+a source without one takes the run's:
+
+```toml
+detect_fps = 8
+sources = ["rtsp://10.0.0.7/stream1", {{ id = "door", path = "rtsp://10.0.0.9/live", detect_fps = 2 }}]
+```
+
 On the command line each `--source PATH` or `--source ID=PATH` adds one entry; given there, they replace
 the file's `sources`.
 """

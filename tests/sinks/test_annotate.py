@@ -427,3 +427,31 @@ def test_a_backlog_past_the_limit_stops_that_stream(
     (ann,) = sink.annotators
     assert ann.state == "aborted" and ann.frames < 60
     assert any("fell" in r.getMessage() and "behind" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("detect_fps", [5.0, 0.0])
+def test_a_detection_rate_holds_the_last_boxes_between_picks(
+    videos: dict[str, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture, detect_fps: float
+) -> None:
+    """Messages for every 6th frame (detect_fps 5 on 30 fps): the frames between are drawn with the last boxes,
+    without a warning; without a rate such frames are gaps, written as they are (and warned about once)."""
+    from stream import messages
+
+    box = {"label": 1, "name": "person", "score": 0.9, "box": [40.0, 40.0, 200.0, 180.0]}
+    picked = list(range(0, 60, 6))
+    msgs = [
+        messages.detections("cam", i, pts_s=None, captured_at=0.0, width=320, height=240, dets=[box]) for i in picked
+    ]
+    out = tmp_path / "out"
+    sink = AnnotatingSink(ListSink(), out, {"cam": Source("cam", str(videos["plain"]))}, detect_fps=detect_fps)
+    with caplog.at_level(logging.WARNING):
+        feed(sink, [*msgs, messages.eos("cam", len(picked))])
+    assert sink.annotators[0].state == "done"
+    assert ("had no detections message" in caplog.text) == (detect_fps == 0)
+    src, ann = frames_rgb(videos["plain"]), frames_rgb(out / "cam.mp4")
+    assert len(ann) == picked[-1] + 1
+    _, edges = near_and_edges((240, 320), [box])
+    for i in (0, 3, 6, 11, 53):
+        diff = np.abs(src[i].astype(np.int16) - ann[i].astype(np.int16)).max(axis=2)
+        drawn = diff[edges].mean() > 40
+        assert drawn == (i in picked or detect_fps > 0), (i, diff[edges].mean())

@@ -415,3 +415,31 @@ def test_rtsp_over_udp(server: RtspServer, tmp_path: Path) -> None:
     assert [s for _, s, _ in sub.states("cam")][:2] == ["connecting", "streaming"]
     frames = sub.frames("cam")
     assert frames == sorted(set(frames)) and len(frames) >= 20
+
+
+def test_rtsp_detect_fps_flag(server: RtspServer, tmp_path: Path) -> None:
+    """`--detect-fps 5` on the 30 fps RTSP pattern: about 5 frames a second published, 6 frames apart in the feed's
+    numbers and 0.2 s apart in its timestamps; the rest counted as detect_fps in the eos (read = frames + dropped)."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    sub = Timed(endpoint, expect=1)
+    cfg = live_config(tmp_path, max_staleness_ms=2000)  # the rate is what is checked, not this machine's speed
+    proc = start_run(endpoint, [f"cam={server.url()}"], "--config", cfg, "--detect-fps", "5")
+    try:
+        wait_for(lambda: len(sub.frames("cam")) >= 16, 60, "16 frames at detect_fps 5")
+        took, _, err = stop_run(proc)
+    finally:
+        proc.kill()
+    sub.join()
+    assert proc.returncode == 0, err
+    dets = sub.of("cam", "detections")
+    frames, pts = [m["frame"] for m in dets], [m["pts_s"] for m in dets]
+    gaps = [b - a for a, b in zip(frames, frames[1:])]
+    assert sum(5 <= g <= 7 for g in gaps) >= 0.8 * len(gaps), f"frame gaps {gaps}"
+    assert all(g >= 5 for g in gaps), f"two frames closer than the rate allows: {gaps}"
+    assert all(b - a >= 0.2 - 0.034 for a, b in zip(pts, pts[1:])), pts
+    assert abs((len(dets) - 1) - 5 * (pts[-1] - pts[0])) <= 1, (len(dets), pts[0], pts[-1])
+    span = dets[-1]["captured_at"] - dets[0]["captured_at"]  # arrival: the live source paces it in real time
+    assert 3.0 <= (len(dets) - 1) / span <= 7.5, f"{len(dets)} frames over {span:.2f} s"
+    eos = sub.of("cam", "eos")[0]
+    assert eos["frames"] == len(dets) and eos["read"] == eos["frames"] + eos["dropped"]
+    assert eos["dropped"] >= 4 * len(dets), eos

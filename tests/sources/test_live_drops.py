@@ -1,5 +1,6 @@
 """Latest wins on a live feed: when inference falls behind, frames are dropped ("no_buffer", "stale"), counted,
-and what is published stays fresh instead of queueing; with an engine that keeps up, next to nothing is.
+and what is published stays fresh instead of queueing; with an engine that keeps up, next to nothing is. With
+`detect_fps`, the frames between the rate's picks are dropped at decode ("detect_fps") and counted the same way.
 
 Real parts: a paced MPEG-TS feed over TCP on 127.0.0.1 (tests/paced_feed.py serving one pass of a file made
 here, at its own frame rate), PyAV decode on the CPU (live_decode = "cpu"), the shipped model on ONNX
@@ -297,3 +298,35 @@ def test_engine_that_keeps_up_drops_nothing(feed_video: tuple[Path, int], monkey
     dropped, n = dict(o.stats.dropped), o.decoded
     assert sum(dropped.values()) <= CONTROL_MAX_DROPS, f"{dropped} of {n} dropped with an engine that keeps up"
     assert o.stats.frames >= n - CONTROL_MAX_DROPS
+
+
+def test_detect_fps_runs_the_model_at_that_rate_and_counts_the_rest(
+    feed_video: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """detect_fps 5 on the 25 fps feed: every 5th frame by the feed's timestamps goes to the model, the others are
+    dropped at decode as "detect_fps" (in the stream's counters, on /metrics, in the eos), frames keep the feed's
+    numbers, and what is published is 5 a second of the feed's time. The staleness budget is generous (5 s), so
+    that on a loaded machine the kept frames are published, not dropped as stale: the rate is what is checked."""
+    video, n = feed_video
+    o = run_feed(video, n, 0.0, monkeypatch, {"detect_fps": 5, "max_staleness_ms": 5000})
+    st, dets, decoded = o.stats, o.detections, o.decoded
+    dropped = dict(st.dropped)
+    assert o.feed_over and st.state == "completed", (o.feed_over, st.state, st.error)
+    assert set(dropped) <= {"detect_fps", "no_buffer", "stale"}, dropped
+    assert st.frames + sum(dropped.values()) == decoded, (st.frames, dropped, decoded)
+    assert o.source.dropped == dropped and o.scraped == {k: float(v) for k, v in o.dropped_at_scrape.items()}
+    eos = o.messages[-1]
+    assert eos["type"] == "eos" and eos["read"] == decoded and eos["dropped"] == sum(dropped.values())
+    # one frame in 5 is kept by the rate; the engine saw only those (less any a loaded machine let go stale)
+    kept = decoded - dropped.get("detect_fps", 0)
+    assert abs(kept - decoded / 5) <= 2, f"the rate kept {kept} of {decoded} decoded at detect_fps 5: {dropped}"
+    others = sum(v for k, v in dropped.items() if k != "detect_fps")
+    assert others <= 2 and len(dets) == kept - others == o.engine.frames, (len(dets), kept, dropped)
+    # evenly spaced in the feed's time (0.2 s) and numbers (5 apart), a frame of the feed either way at most
+    frames, pts = [m["frame"] for m in dets], [m["pts_s"] for m in dets]
+    if not others:
+        assert all(4 <= b - a <= 6 for a, b in zip(frames, frames[1:])), frames
+        assert all(0.2 - 0.041 <= b - a <= 0.2 + 0.041 for a, b in zip(pts, pts[1:])), pts
+    # 5 a second of the feed's time (its pacing in wall-clock time is the feed server's, which a loaded machine
+    # bunches up: test_live.py checks the arrival rate on the RTSP server)
+    assert abs((len(dets) + others - 1) - 5 * (pts[-1] - pts[0])) <= 1, (len(dets), pts[0], pts[-1])

@@ -599,6 +599,31 @@ def test_nvdec_route_end_to_end_with_stand_ins(fake_nvdec: FakeNvc, tmp_path: Pa
     print(f"stand-in nvdec route: {len(dets)} frames; dropped {result.stats['cam'].dropped}")
 
 
+def test_nvdec_route_detect_fps_skips_frames_before_the_row_kernels(
+    fake_nvdec: FakeNvc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """detect_fps 5 on the NVDEC route (stand-ins) over a 30 fps feed: every 6th frame by pts is made into a model
+    row, the others leave the decoder and are dropped as "detect_fps" before the NV12 kernels run on them."""
+    from stream.sources.nvdec import DeviceRows
+    from stream.tools.sample import make_sample_video
+
+    fills: list[int] = []
+    real_fill = DeviceRows.fill
+    monkeypatch.setattr(
+        DeviceRows, "fill", lambda self, data, row, f: fills.append(row) or real_fill(self, data, row, f)
+    )
+    video = make_sample_video(tmp_path / "feed.mp4", width=320, height=240, seconds=3.0)
+    result, msgs, _ = run_paced(video, 10.0, device="cpu", live_decode="nvdec", max_staleness_ms=2000, detect_fps=5)
+    dets = check_live_messages(msgs, (320, 240), min_frames=5)
+    st = result.stats["cam"]
+    frames = [m["frame"] for m in dets]
+    assert all(5 <= b - a <= 7 for a, b in zip(frames, frames[1:])), frames
+    decoded = len(fake_nvdec.out_ts)
+    assert st.dropped.get("detect_fps", 0) >= decoded - len(dets) - 8, (st.dropped, decoded, len(dets))
+    assert len(fills) == len(dets) + st.dropped.get("stale", 0), "a frame skipped by the rate went through the rows"
+    assert msgs[-1]["read"] == decoded, (msgs[-1], decoded)
+
+
 def test_nvdec_failure_falls_back_to_the_cpu(
     fake_nvdec: FakeNvc, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
