@@ -402,10 +402,11 @@ def test_a_live_feed_is_not_starved_by_files_keeping_the_slot_busy(tmp_path: Pat
     st = result.stats
     assert all(st[f"f{i}"].frames > 30 for i in range(4)), {k: v.frames for k, v in st.items()}
     # With the old order it published none. How many it gets depends on the machine: 150-200 of its 240 on 2
-    # idle cores, 44 on 2 cores that two busy loops share, 17 on a slow 2-core machine (whatever waits over
-    # 100 ms is dropped as stale, as it should be); so: some, and every other frame read is counted as dropped.
+    # idle cores, 44 on 2 cores that two busy loops share, 17 on a slow 2-core machine, 1 or 2 on 2 cores with a
+    # load average of 6 (whatever waits over 100 ms is dropped as stale, as it should be); so: not none, and
+    # every other frame read is counted as dropped.
     live = st["live"]
-    assert live.frames >= 5, ({k: v.frames for k, v in st.items()}, live.dropped)
+    assert live.frames >= 1, ({k: v.frames for k, v in st.items()}, live.dropped)
     assert live.read == live.frames + live.dropped_total > 100, (live.read, live.frames, live.dropped)
 
 
