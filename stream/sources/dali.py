@@ -245,17 +245,17 @@ class DaliBatchSource:
     def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
         """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
         from stream.sources.host import HostPreprocessor
-        from stream.sources.pyav import iter_rgb
+        from stream.sources.pyav import iter_frames
 
         pre = HostPreprocessor(self.info)
         data, frames = pre.new_batch(), list[FrameMeta]()
         try:
-            for meta, rgb in iter_rgb(self.src):
+            for meta, frame, colour in iter_frames(self.src, quiet=True):
                 if self._closed:
                     return
                 if meta.index < start:
                     continue
-                pre.fill(data, len(frames), rgb)
+                pre.fill_frame(data, len(frames), frame, colour)
                 frames.append(meta)
                 if len(frames) == self.info.batch:
                     yield Batch(self.stream, frames, data)

@@ -12,14 +12,19 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.errors import DecodeError
+from stream.sources.colour import PLANAR_420, Colour, planes, to_rgb, yuv420_to_row
 from stream.sources.naming import Source
-from stream.sources.pyav import iter_rgb, probe
+from stream.sources.pyav import iter_frames, probe
+
+if TYPE_CHECKING:
+    import av
 
 
 class HostPreprocessor:
@@ -48,6 +53,16 @@ class HostPreprocessor:
         if rgb.shape[0] == i.height and rgb.shape[1] == i.width:
             return f
         return self._cv2.resize(f, (i.width, i.height), interpolation=self._cv2.INTER_LINEAR)
+
+    def fill_frame(self, out: np.ndarray, row: int, frame: av.VideoFrame, colour: Colour) -> None:
+        """A decoded PyAV frame into row `row`: 4:2:0 frames from their planes by the arithmetic the NVDEC
+        routes share (colour.yuv420_to_row); other pixel formats through RGB (swscale's accurate conversion
+        with the signalled matrix and range), then `fill`."""
+        if frame.format.name in PLANAR_420:
+            y, u, v = planes(frame)
+            yuv420_to_row(y, u, v, out[row], self.info, colour)
+        else:
+            self.fill(out, row, to_rgb(frame, colour))
 
     def fill(self, out: np.ndarray, row: int, rgb: np.ndarray) -> None:
         chw = self.resize(rgb).transpose(2, 0, 1)
@@ -84,10 +99,10 @@ class HostBatchSource:
         frames: list[FrameMeta] = []
         data = self._free.get()
         try:
-            for meta, rgb in iter_rgb(self.src):
+            for meta, frame, colour in iter_frames(self.src):
                 if self._closed:
                     return
-                self.pre.fill(data, len(frames), rgb)
+                self.pre.fill_frame(data, len(frames), frame, colour)
                 frames.append(meta)
                 if len(frames) == self.info.batch:
                     yield self._batch(frames, data)

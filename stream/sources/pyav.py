@@ -13,12 +13,17 @@ import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream.core.frames import FrameMeta
 from stream.errors import DecodeError, SourceError, first_line
+from stream.sources.colour import Colour, StreamColour, to_rgb
 from stream.sources.naming import Source, redact
+
+if TYPE_CHECKING:
+    import av
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +210,11 @@ class SequenceScan:
         self._stop.set()
 
 
-def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
-    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order."""
+def iter_frames(
+    src: Source, *, threads: bool = True, quiet: bool = False
+) -> Generator[tuple[FrameMeta, av.VideoFrame, Colour], None, None]:
+    """Every frame of src as (meta, PyAV frame, the conversion its colour signalling asks for), in presentation
+    order. The conversion is logged at INFO once per stream (and again if it changes) unless `quiet`."""
     import av
 
     container = open_container(src)
@@ -215,13 +223,13 @@ def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta,
         vs = container.streams.video[0]
         if threads:
             vs.thread_type = "AUTO"
+        colours = StreamColour(f"stream {src.id}", vs.codec_context, quiet=quiet)
         declared = 0 if src.live else int(vs.frames or 0)
         try:
             for frame in container.decode(vs):
-                rgb = frame.to_ndarray(format="rgb24")
                 meta = FrameMeta(index, frame.time, time.time(), frame.width, frame.height)
                 index += 1
-                yield meta, rgb
+                yield meta, frame, colours.of(frame)
         except av.error.FFmpegError as exc:
             raise DecodeError(
                 f"stream {src.id}: decoding {redact(src.location)} failed after {index} frames ({first_line(exc)}); "
@@ -240,3 +248,10 @@ def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta,
             )
     finally:
         container.close()
+
+
+def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
+    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order, converted with the
+    stream's signalled matrix and range (stream/sources/colour.py `to_rgb`); not logged (the annotator's)."""
+    for meta, frame, colour in iter_frames(src, threads=threads, quiet=True):
+        yield meta, to_rgb(frame, colour)
