@@ -96,8 +96,8 @@ def pattern_planes(clip: Clip, frame_no: int = 0) -> tuple[np.ndarray, np.ndarra
     return q(y8), q(cb8[0::2, 0::2]), q(cr8[0::2, 0::2])
 
 
-def make_clip(d: Path, clip: Clip, frames: int = 3) -> Path:
-    """Write `clip` losslessly (libx264 qp 0, no B-frames) with its tags; MKV remuxed for container-only tags."""
+def make_clip(d: Path, clip: Clip, frames: int = 3, qp: int = 0) -> Path:
+    """Write `clip` losslessly (libx264 qp 0, no B-frames, a keyframe every 10 frames) with its tags; MKV remuxed for container-only tags."""
     import av
 
     path = d / f"{clip.name}.{clip.container}"
@@ -106,7 +106,7 @@ def make_clip(d: Path, clip: Clip, frames: int = 3) -> Path:
         s = out.add_stream("libx264", rate=25)
         s.width, s.height = clip.width, clip.height
         s.pix_fmt = "yuvj420p" if clip.yuvj else "yuv420p"
-        s.options = {"qp": "0", "preset": "ultrafast", "bf": "0"}
+        s.options = {"qp": str(qp), "preset": "ultrafast", "bf": "0", "g": "10"}
         ctx = s.codec_context
         if clip.tag_matrix and not clip.container_only:
             ctx.colorspace = AVCOL_SPC[clip.matrix]
