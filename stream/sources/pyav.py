@@ -39,6 +39,8 @@ class VideoInfo:
     frames_declared: int  # from the container header; 0 when unknown
     fps: float | None
     pix_fmt: str | None = None
+    colorspace: int = 2  # the stream's colour tags (AVColorSpace, AVColorRange; 2 and 0: unspecified)
+    color_range: int = 0
 
 
 def open_container(src: Source):  # -> av.container.InputContainer
@@ -82,7 +84,16 @@ def probe(src: Source) -> VideoInfo:
             )
         rate = vs.average_rate or vs.guessed_rate
         pix_fmt = ctx.pix_fmt if isinstance(ctx.pix_fmt, str) else getattr(ctx.pix_fmt, "name", None)
-        return VideoInfo(ctx.width, ctx.height, ctx.name, int(vs.frames or 0), float(rate) if rate else None, pix_fmt)
+        return VideoInfo(
+            ctx.width,
+            ctx.height,
+            ctx.name,
+            int(vs.frames or 0),
+            float(rate) if rate else None,
+            pix_fmt,
+            int(ctx.colorspace or 2),
+            int(ctx.color_range or 0),
+        )
 
 
 def frame_times(src: Source) -> list[float | None]:
