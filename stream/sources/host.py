@@ -1,5 +1,10 @@
 """Preprocessing on the host, and the CPU batch source (PyAV decode + resize/normalize into model batches).
 
+A decoded 4:2:0 frame becomes a model row from its planes (`fill_frame`: stream/sources/colour.py
+`yuv420_to_row`, the arithmetic of the NVDEC routes, with the stream's signalled matrix and range); frames of
+other pixel formats are converted to RGB by swscale's accurate path with the same matrix and range, then
+resized as below (`fill`).
+
 The resize is bilinear with half-pixel centres and no antialiasing (OpenCV's INTER_LINEAR), the same
 arithmetic as DALI's linear resize on the GPU path and torchvision's own F.interpolate. It runs in float32,
 not uint8: OpenCV's uint8 resize rounds through 11-bit fixed point, and a one-level difference in many

@@ -263,6 +263,7 @@ def iter_frames(
 
 def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
     """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order, converted with the
-    stream's signalled matrix and range (stream/sources/colour.py `to_rgb`); not logged (the annotator's)."""
+    stream's signalled matrix and range by swscale's fast path (colour.to_rgb, exact=False): the annotated
+    video's frames. Model input is made from the planes instead (host.HostPreprocessor.fill_frame)."""
     for meta, frame, colour in iter_frames(src, threads=threads, quiet=True):
-        yield meta, to_rgb(frame, colour)
+        yield meta, to_rgb(frame, colour, exact=False)

@@ -229,7 +229,7 @@ def test_the_nvdec_arithmetic_matches_the_reference(clips: dict[str, Path], mode
 @pytest.mark.parametrize("name", ["bt601_limited_sd", "bt709_limited_hd", "bt601_full_sd", "untagged_hd"])
 def test_the_rgb_conversion_matches_the_reference(clips: dict[str, Path], name: str) -> None:
     """colour.to_rgb (swscale's accurate path with the signalled matrix and range, rounded to uint8): the route
-    of pixel formats other than 4:2:0 and of the annotated video, at the source's size."""
+    of pixel formats other than 4:2:0, at the source's size."""
     clip = BY_NAME[name]
     frames = decoded(clips[name])
     d = [
