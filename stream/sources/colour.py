@@ -94,17 +94,20 @@ class Colour:
         cs, cr = self.tags
         matrix = MATRICES[cs][0] if cs in MATRICES else None
         rng = {1: "limited range", 2: "full range"}.get(cr)
-        if self.range_from == "pix_fmt":
-            rng = "full range (yuvj)"
-        if matrix is None and rng is None:
-            return "untagged"
-        return f"{matrix or 'no matrix'}, {rng or 'no range'} (tagged)"
+        yuvj = "full range (yuvj pixel format)" if self.range_from == "pix_fmt" else None
+        if matrix and rng:
+            return f"{matrix}, {rng} (tagged)"
+        if not matrix and not rng:
+            return f"untagged, {yuvj}" if yuvj else "untagged"
+        return f"{matrix + ' (tagged)' if matrix else 'no matrix tag'}, {rng + ' (tagged)' if rng else yuvj or 'no range tag'}"
 
     def describe(self) -> str:
-        """'colour BT.709 limited range (tagged), converted BT.709 limited range, chroma bilinear, ...'"""
+        """'colour BT.709, limited range (tagged), converted BT.709 limited range, chroma bilinear, ...'"""
         how = f"{self.matrix} {self.range} range"
         if self.matrix_from == "default":
             how += " (default for its size)" if self.range_from == "default" else " (matrix: default for its size)"
+        elif self.range_from == "default":
+            how += " (range: default)"
         return f"colour {self.found()}, converted {how}, chroma {CHROMA}"
 
 
