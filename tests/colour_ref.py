@@ -143,14 +143,26 @@ def decoded(path: Path) -> list[Any]:
 
 
 def yuv_planes(frame: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Y [H, W], U, V [H/2, W/2] of a decoded 4:2:0 frame (even sizes)."""
-    rows = [np.frombuffer(memoryview(p), np.uint8).reshape(p.height, p.line_size) for p in frame.planes]
-    W = frame.width
-    return rows[0][:, :W].copy(), rows[1][:, : W // 2].copy(), rows[2][:, : W // 2].copy()
+    """Y, U, V of a decoded planar YUV frame (4:2:0, 4:2:2 or 4:4:4, 8-bit), each at its own size."""
+    out = []
+    for p in frame.planes:
+        rows = np.frombuffer(memoryview(p), np.uint8).reshape(p.height, p.line_size)
+        out.append(rows[:, : p.width].copy())
+    return out[0], out[1], out[2]
+
+
+def frame_reference_rgb(frame: Any) -> np.ndarray:
+    """reference_rgb of a decoded frame, with the matrix and range its signalling resolves to (tags, else the
+    default by size: stream/sources/colour.py's rule, which tests/sources/test_colour.py checks on its own)."""
+    from stream.sources.colour import frame_colour
+
+    c = frame_colour(frame)
+    return reference_rgb(*yuv_planes(frame), c.matrix, c.full_range)
 
 
 def reference_rgb(y: np.ndarray, u: np.ndarray, v: np.ndarray, matrix: str, full_range: bool) -> np.ndarray:
-    """HxWx3 float64 RGB in [0, 255] from the planes (module docstring)."""
+    """HxWx3 float64 RGB in [0, 255] from the planes (module docstring; chroma planes of the luma's size, 4:4:4,
+    are taken as they are)."""
     H, W = y.shape
     hc, wc = u.shape
 
@@ -159,8 +171,9 @@ def reference_rgb(y: np.ndarray, u: np.ndarray, v: np.ndarray, matrix: str, full
         i0 = np.floor(pos).astype(np.int64)
         return i0, np.minimum(i0 + 1, n - 1), pos - i0
 
-    r0, r1, ar = taps((np.arange(H) - 0.5) / 2.0, hc)  # chroma row i at luma row 2i + 0.5
-    c0, c1, ac = taps(np.arange(W) / 2.0, wc)  # chroma column j at luma column 2j
+    # 4:2:0: chroma row i at luma row 2i + 0.5, chroma column j at luma column 2j; not subsampled: at its own
+    r0, r1, ar = taps((np.arange(H) - 0.5) / 2.0 if hc < H else np.arange(H, dtype=np.float64), hc)
+    c0, c1, ac = taps(np.arange(W) / 2.0 if wc < W else np.arange(W, dtype=np.float64), wc)
     ar, ac = ar[:, None], ac[None, :]
 
     def up(c: np.ndarray) -> np.ndarray:

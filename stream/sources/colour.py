@@ -27,7 +27,8 @@ Decision record:
   (`yuv420_to_row`). Resampling before the conversion equals converting first (both are linear) except where
   the conversion clips (out-of-gamut colours at sharp colour edges); tests/sources/test_colour.py measures
   both against a numpy reference that converts first.
-- Frames in other pixel formats (4:2:2, 4:4:4, 10-bit: not decoded on NVDEC) are converted to RGB by
+- 8-bit 4:2:2 and 4:4:4 frames (CPU routes only: not decoded on NVDEC here) take the same arithmetic, their
+  chroma read where it sits. Frames of other pixel formats (10-bit, RGB, ...) are converted to RGB by
   swscale's accurate path with the signalled matrix and range, then resized as RGB (stream/sources/host.py).
 """
 
@@ -61,7 +62,8 @@ AVCOL_SPC_BT709 = 1
 AVCOL_SPC_SMPTE170M = 6  # BT.601
 AVCOL_RANGE_MPEG = 1
 AVCOL_RANGE_JPEG = 2
-PLANAR_420 = {"yuv420p", "yuvj420p", "nv12"}  # the pixel formats converted from their planes
+# 8-bit YUV pixel formats converted from their planes (others: swscale, `to_rgb`)
+PLANAR = {"yuv420p", "yuvj420p", "nv12", "yuv422p", "yuvj422p", "yuv444p", "yuvj444p"}
 CHROMA = "bilinear, MPEG-2 siting (left, rows centred)"
 
 
@@ -180,13 +182,14 @@ def _int(v: Any) -> int | None:
 
 
 def planes(frame: av.VideoFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """(Y [H, W], U [Hc, Wc], V [Hc, Wc]) of a yuv420p/yuvj420p frame, or (Y, UV [Hc, Wc, 2], None) of an nv12
-    one: views of the frame's memory without the line padding."""
+    """(Y [H, W], U, V) of a planar YUV frame, each at its own size, or (Y, UV [Hc, Wc, 2], None) of an nv12 one:
+    views of the frame's memory without the line padding."""
     rows = [np.frombuffer(memoryview(p), np.uint8).reshape(p.height, p.line_size) for p in frame.planes]
-    width, wc = frame.width, (frame.width + 1) // 2
     if len(rows) == 2:
-        return rows[0][:, :width], rows[1][:, : 2 * wc].reshape(rows[1].shape[0], wc, 2), None
-    return rows[0][:, :width], rows[1][:, :wc], rows[2][:, :wc]
+        wc = (frame.width + 1) // 2
+        return rows[0][:, : frame.width], rows[1][:, : 2 * wc].reshape(rows[1].shape[0], wc, 2), None
+    w = [p.width for p in frame.planes]
+    return rows[0][:, : w[0]], rows[1][:, : w[1]], rows[2][:, : w[2]]
 
 
 def to_rgb(frame: av.VideoFrame, colour: Colour, *, exact: bool = True) -> np.ndarray:
@@ -265,8 +268,17 @@ def make_taps(xp: Any, H: int, W: int, Hc: int, Wc: int, h: int, w: int, siting:
     ("center")."""
     y0, y1, ay, _ = axis_taps(H, h)
     x0, x1, ax, _ = axis_taps(W, w)
-    cy = [chroma_taps(r.astype(np.float64), H, Hc, centred=True) for r in (y0, y1)]
-    cx = [chroma_taps(c.astype(np.float64), W, Wc, centred=(siting == "center")) for c in (x0, x1)]
+    # a chroma plane of the luma's height (4:2:2, 4:4:4) or width (4:4:4) is read at the luma's own rows / columns
+    cy = [
+        chroma_taps(r.astype(np.float64), H, Hc, centred=True) if Hc < H else clamped_taps(r.astype(np.float64), Hc)
+        for r in (y0, y1)
+    ]
+    cx = [
+        chroma_taps(c.astype(np.float64), W, Wc, centred=(siting == "center"))
+        if Wc < W
+        else clamped_taps(c.astype(np.float64), Wc)
+        for c in (x0, x1)
+    ]
     itype = np.int64 if xp is np or max(H * W, Hc * 2 * Wc) >= 2**31 else np.int32
     return Taps(
         xp.asarray(np.stack([y0, y1]).astype(itype)),
@@ -341,9 +353,9 @@ def _host_plan(H: int, W: int, Hc: int, Wc: int, h: int, w: int) -> _HostPlan:
 def yuv420_to_row(
     y: np.ndarray, u: np.ndarray, v: np.ndarray | None, out: np.ndarray, info: ModelInfo, colour: Colour
 ) -> None:
-    """Write one model row `out` [3, h, w] (the model's dtype) from 4:2:0 planes, on the CPU: `rgb_at_taps`'s
-    arithmetic (the NVDEC routes' kernel) with OpenCV doing the gathers. u, v: [Hc, Wc] planes, or u [Hc, Wc, 2]
-    interleaved (NV12) and v None.
+    """Write one model row `out` [3, h, w] (the model's dtype) from YUV planes (4:2:0, or 4:2:2 / 4:4:4), on the
+    CPU: `rgb_at_taps`'s arithmetic (the NVDEC routes' kernel) with OpenCV doing the gathers. u, v: [Hc, Wc]
+    planes, or u [Hc, Wc, 2] interleaved (NV12) and v None.
 
     Chroma at the luma samples read is `cv2.remap` (bilinear) of the chroma plane in float32: its positions are
     multiples of 1/4 (rows between two chroma rows, columns on or halfway between) and its weights 0, 1/4,
