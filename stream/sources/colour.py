@@ -7,11 +7,11 @@ Decision record:
   AVColorSpace 1 is BT.709; 5 and 6 BT.601; 9 and 10 BT.2020; 4 FCC and 7 SMPTE-240M, with swscale's own
   (Kr, Kb) for each. Limited range is Y 16-235, Cb/Cr 16-240; full range 0-255 around 128.
 - The default where the stream signals no matrix: BT.709 for HD (width >= 1280 or height > 576), BT.601 for
-  SD. That is mpv's documented guess (`--video-output-levels`/`colormatrix=auto`: "BT.601 for SD, BT.709 for
-  HD") and what cameras encode: HD video is made to BT.709 (SMPTE 274M/296M), SD to BT.601; H.264 and HEVC
-  leave an untagged matrix to the application. FFmpeg's swscale takes BT.601 for every untagged stream, which
-  shifts the colours of untagged HD video (most of what cameras send). The default range is limited, as H.264
-  and HEVC (video_full_range_flag 0), FFmpeg and every player have it.
+  SD. That is how players such as mpv guess for untagged video, and what cameras encode: HD video is made to
+  BT.709 (SMPTE 274M/296M), SD to BT.601, and H.264 and HEVC leave an untagged matrix to the application.
+  FFmpeg's swscale takes BT.601 for every untagged stream, which shifts the colours of untagged HD video
+  (most of what cameras send). The default range is limited, as H.264 and HEVC (video_full_range_flag 0),
+  FFmpeg and players have it.
 - Chroma (4:2:0) is upsampled bilinearly at the MPEG-2 / H.264 default siting: chroma sample (i, j) sits at
   luma column 2j (left, co-sited) and between luma rows 2i and 2i + 1. This is what H.264 and HEVC assume
   without a chroma_loc tag, what FFmpeg's decoders tag their frames with, and what swscale's accurate path
@@ -19,14 +19,17 @@ Decision record:
   float formula, mean 0.004). swscale's default (unscaled) yuv420p -> rgb24, what PyAV's
   `to_ndarray(format="rgb24")` runs, repeats each chroma sample over its 2x2 block and uses tables that come
   out about 0.8 level off the formula: it is not used for model input.
-- The model row is made from the planes by one arithmetic on every route: the Y plane and the chroma planes
-  are each resampled to the model's size, bilinear with half-pixel centres and no antialiasing (OpenCV's
-  INTER_LINEAR; chroma at the positions of the luma samples it is interpolated for), then converted with the
-  matrix in float, clipped to [0, 255] and scaled, in the model's dtype. The NVDEC routes run it as a CuPy
-  kernel (stream/sources/nvdec.py `nv12_to_row`); the CPU routes run it with OpenCV and numpy here
-  (`yuv420_to_row`). Resampling before the conversion equals converting first (both are linear) except where
-  the conversion clips (out-of-gamut colours at sharp colour edges); tests/sources/test_colour.py measures
-  both against a numpy reference that converts first.
+- The model row is made from the planes by one arithmetic on every route (`rgb_at_taps`): each output pixel
+  reads the four luma samples of a bilinear resize with half-pixel centres and no antialiasing (OpenCV's
+  INTER_LINEAR taps); each of those samples is converted on its own (its chroma interpolated where it sits,
+  the matrix applied in float, clipped to [0, 255]), and the four RGB values are blended with the bilinear
+  weights, then scaled into the model's dtype. That is exactly converting the whole frame first and resizing
+  the RGB image second (what a model's training pipeline does to a decoded frame), at the cost of 4 luma
+  samples per output pixel, whatever the source's size. The NVDEC routes run it as one CUDA kernel
+  (stream/sources/nvdec.py `nv12_to_row`), the CPU routes with OpenCV and numpy (`yuv420_to_row`), DALI on
+  its YCbCr output (stream/sources/dali.py). Resizing the planes first and converting second, as the NVDEC
+  kernel once did, differs where the conversion clips: up to 22 levels at the 99.9th percentile on saturated
+  colour edges (tests/sources/test_colour.py's pattern).
 - 8-bit 4:2:2 and 4:4:4 frames (CPU routes only: not decoded on NVDEC here) take the same arithmetic, their
   chroma read where it sits. Frames of other pixel formats (10-bit, RGB, ...) are converted to RGB by
   swscale's accurate path with the signalled matrix and range, then resized as RGB (stream/sources/host.py).
