@@ -56,6 +56,15 @@ def reference(path: Path, info: Any) -> list[list[dict[str, Any]]]:
     return [list(d) for d in _reference(str(path), path.stat().st_mtime_ns, str(info.path))]
 
 
+def _as_the_cpu_route_rounds(rgb: np.ndarray, info: Any) -> np.ndarray:
+    """The CPU route converts a frame of up to SWSCALE_MAX_RATIO times the model's pixels whole, to uint8 RGB
+    (stream/sources/colour.py): the reference rounds those the same way, the larger ones it leaves in float."""
+    from stream.sources.colour import SWSCALE_MAX_RATIO
+
+    small = rgb.shape[0] * rgb.shape[1] <= SWSCALE_MAX_RATIO * info.width * info.height
+    return np.clip(np.rint(rgb), 0, 255) if small else rgb
+
+
 @functools.lru_cache(maxsize=16)
 def _reference(path: str, mtime_ns: int, model: str) -> tuple[tuple[dict[str, Any], ...], ...]:
     import onnxruntime as ort
@@ -65,7 +74,7 @@ def _reference(path: str, mtime_ns: int, model: str) -> tuple[tuple[dict[str, An
     info = load_info(Path(model))
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     with av.open(path) as c:
-        rgbs = [frame_reference_rgb(f) for f in c.decode(video=0)]
+        rgbs = [_as_the_cpu_route_rounds(frame_reference_rgb(f), info) for f in c.decode(video=0)]
     out: list[tuple[dict[str, Any], ...]] = []
     for start in range(0, len(rgbs), info.batch):  # the model's fixed batch; rows past the end stay zero
         group = rgbs[start : start + info.batch]

@@ -1,9 +1,9 @@
 """Preprocessing on the host, and the CPU batch source (PyAV decode + resize/normalize into model batches).
 
-A decoded 8-bit YUV frame (4:2:0, 4:2:2, 4:4:4) becomes a model row from its planes (`fill_frame`:
-stream/sources/colour.py `yuv420_to_row`, the arithmetic of the NVDEC routes, with the stream's signalled matrix
-and range); frames of other pixel formats are converted to RGB by swscale's accurate path with the same matrix
-and range, then resized as below (`fill`).
+A decoded frame is converted with the stream's signalled matrix and range (stream/sources/colour.py): a frame
+of up to SWSCALE_MAX_RATIO times the model's pixels, or of a pixel format other than 8-bit YUV, whole by
+swscale's accurate path, then resized as below (`fill`); a larger 8-bit YUV frame from its planes
+(`yuv420_to_row`, the arithmetic of the NVDEC routes), whose cost follows the model's size (`fill_frame`).
 
 The resize is bilinear with half-pixel centres and no antialiasing (OpenCV's INTER_LINEAR), the same
 arithmetic as DALI's linear resize on the GPU path and torchvision's own F.interpolate. It runs in float32,
@@ -24,7 +24,7 @@ import numpy as np
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.errors import DecodeError
-from stream.sources.colour import PLANAR, Colour, planes, to_rgb, yuv420_to_row
+from stream.sources.colour import PLANAR, SWSCALE_MAX_RATIO, Colour, planes, to_rgb, yuv420_to_row
 from stream.sources.naming import Source
 from stream.sources.pyav import iter_frames, probe
 
@@ -60,10 +60,10 @@ class HostPreprocessor:
         return self._cv2.resize(f, (i.width, i.height), interpolation=self._cv2.INTER_LINEAR)
 
     def fill_frame(self, out: np.ndarray, row: int, frame: av.VideoFrame, colour: Colour) -> None:
-        """A decoded PyAV frame into row `row`: 8-bit YUV frames from their planes by the arithmetic the NVDEC
-        routes share (colour.yuv420_to_row); other pixel formats through RGB (swscale's accurate conversion
-        with the signalled matrix and range), then `fill`."""
-        if frame.format.name in PLANAR:
+        """A decoded PyAV frame into row `row`, converted as `colour` says: whichever way costs less (module
+        docstring), both the reference's arithmetic (tests/sources/test_colour.py)."""
+        i = self.info
+        if frame.format.name in PLANAR and frame.width * frame.height > SWSCALE_MAX_RATIO * i.width * i.height:
             y, u, v = planes(frame)
             yuv420_to_row(y, u, v, out[row], self.info, colour)
         else:

@@ -3,11 +3,12 @@ decoded planes (tests/colour_ref.py), on videos made here with known signalling 
 full range, tagged in the bitstream, in the container only, or not at all) and a 4:2:0 chroma edge pattern.
 
 Tolerance (every route): mean absolute difference <= 0.5 level, 99.9th percentile <= 3 levels, at the model's
-size (320x320, resized) and at the source's own size (no resize). Measured here: the file route, the live
-route and the NVDEC route's arithmetic (numpy) mean 0.000, p99.9 0.000 (max below 0.001) on every clip; the
-RGB conversion (swscale's accurate path, rounded to uint8) mean 0.19-0.26, p99.9 0.5. A wrong matrix or range
-fails by far (mean 3-11 levels), and so does swscale's default conversion (PyAV's `to_ndarray("rgb24")`, mean
-6-12, p99.9 above 100 at the edges).
+size (320x320, resized) and at the source's own size (no resize). Measured here: the NVDEC route's arithmetic
+(numpy) and the CPU routes' conversion from the planes (the HD clips, and every clip with the planes forced)
+mean 0.000, p99.9 0.000 (max below 0.001); the CPU routes' whole-frame conversion of smaller frames (swscale's
+accurate path, rounded to uint8, then resized) mean 0.19-0.26, p99.9 0.5. A wrong matrix or range fails by
+far (mean 6-9 levels), and so does swscale's default conversion (PyAV's `to_ndarray("rgb24")`, mean about 6.5,
+p99.9 above 100 at the edges).
 
 The GPU routes are measured against the same reference by tests/gpu/test_gpu_colour.py (`pytest -m gpu`).
 """
@@ -134,6 +135,24 @@ def test_the_file_route_matches_the_reference(
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith(f"stream {name}: colour")]
     assert len(lines) == 2, lines  # once per stream (two sources were made)
     assert f"converted {clip.matrix} {'full' if clip.full_range else 'limited'} range" in lines[0], lines[0]
+
+
+@pytest.mark.parametrize("name", ["bt601_limited_sd", "bt709_full_yuvj", "untagged_sd"])
+def test_the_planes_arithmetic_matches_the_reference(
+    clips: dict[str, Path], model_info: Any, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CPU routes' conversion from the planes (colour.yuv420_to_row), forced for frames it would convert
+    whole with swscale: the same reference, within float rounding."""
+    import stream.sources.host as host
+
+    monkeypatch.setattr(host, "SWSCALE_MAX_RATIO", 0)
+    clip = BY_NAME[name]
+    for info in sizes(model_info, clip):
+        src = host.HostBatchSource(Source(name, str(clips[name])), info)
+        rows = [b.data[i].copy() for b in src for i in range(len(b.frames))]
+        d = levels(np.stack(rows), np.stack(reference_rows(clips[name], clip, info)), info)
+        within(f"{name} from the planes -> {info.width}x{info.height}", d)
+        assert float(d.max()) < 0.01
 
 
 @pytest.mark.parametrize("name", ["bt709_limited_hd", "bt601_full_sd", "untagged_hd"])

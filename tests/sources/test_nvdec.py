@@ -179,10 +179,11 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 # -- the conversion, on the CPU ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("clip", ["hd", "vga", "qvga", "qcif"])
 def test_nv12_rows_match_the_cpu_route(clips: dict[str, Path], model_info: Any, clip: str) -> None:
-    """nv12_to_row (numpy) on PyAV's NV12 planes against the CPU route's rows of the same frames: one
-    arithmetic (stream/sources/colour.py), so equal within float rounding (the CPU route gathers with OpenCV).
-    Before both converted by the stream's signalling, the CPU route (swscale's default conversion) was 1-2
-    levels darker on average and up to 111 levels apart at colour edges."""
+    """nv12_to_row (numpy) on PyAV's NV12 planes against the CPU route's rows of the same frames: the same
+    conversion (stream/sources/colour.py), the CPU route rounding to uint8 where it converts whole frames with
+    swscale, so within the fidelity tolerance (mean <= 0.5, p99.9 <= 3 levels). Before both converted by the
+    stream's signalling, the CPU route (swscale's default conversion) was 1-2 levels darker on average and up
+    to 111 levels apart at colour edges."""
     from stream.sources.host import HostPreprocessor
     from stream.sources.nvdec import nv12_to_row
 
@@ -195,8 +196,9 @@ def test_nv12_rows_match_the_cpu_route(clips: dict[str, Path], model_info: Any, 
         nv12_to_row(np, y, uv, out[0], info, **tags_of(f))
         diffs.append(levels(out[0] - cpu_route_row(pre, f), info))
     d = np.stack(diffs)
-    print(f"{clip}: mean {d.mean():.5f} p99.9 {np.percentile(d, 99.9):.4f} max {d.max():.4f} levels")
-    assert d.mean() <= 1e-3 and d.max() <= 0.01, f"{clip}: mean {d.mean():.4f} max {d.max():.4f} levels"
+    p999 = float(np.percentile(d, 99.9))
+    print(f"{clip}: mean {d.mean():.4f} p99.9 {p999:.4f} max {d.max():.4f} levels")
+    assert d.mean() <= 0.5 and p999 <= 3.0, f"{clip}: mean {d.mean():.4f} p99.9 {p999:.4f} levels"
 
 
 @pytest.mark.parametrize("clip", ["hd", "vga", "qcif"])
