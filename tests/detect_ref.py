@@ -1,10 +1,11 @@
 """A plain reference for what the pipeline publishes per frame: PyAV decode, numpy preprocessing, `session.run`.
 
-Independent of the pipeline: frames decoded here with PyAV, resized with numpy in float64 (`bilinear`), run
-through the shipped model with onnxruntime directly; each detection list is keyed by the frame's position in
+Independent of the pipeline: frames decoded here with PyAV, converted to RGB from their planes by the numpy
+reference of tests/colour_ref.py (the stream's matrix and range, bilinear chroma), resized with numpy in
+float64 (`bilinear`), run through the shipped model with onnxruntime directly; each detection list is keyed by the frame's position in
 decode order, which is the `frame` number of the pipeline's messages.
 
-Tolerance (the CPU path against this reference): the pipeline resizes with OpenCV in float32, so the inputs
+Tolerance (the CPU path against this reference): the pipeline converts and resizes in float32, so the inputs
 differ by float rounding only. Every detection scoring at least 0.001 over the model's threshold must be
 found in the other set with the same label, IoU >= 0.99 and a score within 0.001 (`unmatched` in conftest).
 Detections closer to the threshold may exist on one side only.
@@ -20,6 +21,7 @@ import av
 import numpy as np
 
 from stream.messages import detection_list
+from tests.colour_ref import frame_reference_rgb
 from tests.conftest import unmatched
 
 MIN_IOU = 0.99
@@ -54,6 +56,15 @@ def reference(path: Path, info: Any) -> list[list[dict[str, Any]]]:
     return [list(d) for d in _reference(str(path), path.stat().st_mtime_ns, str(info.path))]
 
 
+def _as_the_cpu_route_rounds(rgb: np.ndarray, info: Any) -> np.ndarray:
+    """The CPU route converts a frame of up to SWSCALE_MAX_RATIO times the model's pixels whole, to uint8 RGB
+    (stream/sources/colour.py): the reference rounds those the same way, the larger ones it leaves in float."""
+    from stream.sources.colour import SWSCALE_MAX_RATIO
+
+    small = rgb.shape[0] * rgb.shape[1] <= SWSCALE_MAX_RATIO * info.width * info.height
+    return np.clip(np.rint(rgb), 0, 255) if small else rgb
+
+
 @functools.lru_cache(maxsize=16)
 def _reference(path: str, mtime_ns: int, model: str) -> tuple[tuple[dict[str, Any], ...], ...]:
     import onnxruntime as ort
@@ -63,7 +74,7 @@ def _reference(path: str, mtime_ns: int, model: str) -> tuple[tuple[dict[str, An
     info = load_info(Path(model))
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     with av.open(path) as c:
-        rgbs = [f.to_ndarray(format="rgb24") for f in c.decode(video=0)]
+        rgbs = [_as_the_cpu_route_rounds(frame_reference_rgb(f), info) for f in c.decode(video=0)]
     out: list[tuple[dict[str, Any], ...]] = []
     for start in range(0, len(rgbs), info.batch):  # the model's fixed batch; rows past the end stay zero
         group = rgbs[start : start + info.batch]

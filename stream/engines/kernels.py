@@ -101,29 +101,49 @@ PACK = (
     """,
 )
 
-# nv12_to_row (stream/sources/nvdec.py) in one pass per output pixel `i` of a [3, h, w] row: the plan's four
-# bilinear taps per plane, the colour matrix, the clip to 0..255, the normalisation; I: the plan's index type,
-# O: the row's dtype. Every array is passed as a flat (1-D) view.
+# nv12_to_row (stream/sources/nvdec.py) in one pass per output pixel `i` of a [3, h, w] row, the arithmetic of
+# stream/sources/colour.py `rgb_at_taps`: each of the pixel's four luma taps (two rows ly, two columns lx) is
+# converted on its own (its chroma interpolated from two chroma rows cy and two chroma columns cx, the colour
+# matrix applied, clipped to 0..255), then the four RGB values are blended with the bilinear weights (lay,
+# lax) and normalised: converting first and resizing second, as a reference converts a whole frame. I: the
+# taps' index type, O: the row's dtype. Every array is passed as a flat (1-D) view.
 ROW = (
-    "raw uint8 yf, raw uint8 uvf, raw I y_idx, raw float32 y_w, raw I uv_idx, raw float32 uv_w, "
-    "raw float32 m, raw float32 offset, raw float32 a, raw float32 b, float32 plain, int32 use_plain, int64 hw_n",
+    "raw uint8 yf, raw uint8 uvf, raw I ly, raw float32 lay, raw I lx, raw float32 lax, raw I cy, raw float32 cay, "
+    "raw I cx, raw float32 cax, raw float32 m, raw float32 offset, raw float32 a, raw float32 b, float32 plain, "
+    "int32 use_plain, int64 h_n, int64 w_n, int64 y_pitch, int64 uv_pitch",
     "raw O out",
     """
-    const long long hw = hw_n;
-    float yuv[3];
-    float acc = 0.0f;
-    for (int q = 0; q < 4; ++q) acc += (float)yf[y_idx[q * hw + i]] * y_w[q * hw + i];
-    yuv[0] = acc;
-    for (int c = 0; c < 2; ++c) {
-        acc = 0.0f;
-        for (int q = 0; q < 4; ++q) acc += (float)uvf[uv_idx[(q * 2 + c) * hw + i]] * uv_w[q * hw + i];
-        yuv[1 + c] = acc;
+    const long long h = h_n, w = w_n;
+    const long long oy = i / w, ox = i - oy * w;
+    float rgb[2][2][3];
+    for (int ky = 0; ky < 2; ++ky) {
+        const long long ry = ly[ky * h + oy];
+        const long long r0 = cy[(2 * ky) * h + oy], r1 = cy[(2 * ky + 1) * h + oy];
+        const float ay = cay[ky * h + oy];
+        for (int kx = 0; kx < 2; ++kx) {
+            const long long rx = lx[kx * w + ox];
+            const long long c0 = cx[(2 * kx) * w + ox], c1 = cx[(2 * kx + 1) * w + ox];
+            const float ax = cax[kx * w + ox];
+            float ch[2];
+            for (int c = 0; c < 2; ++c) {
+                const float t0 = (float)uvf[r0 * uv_pitch + 2 * c0 + c], b0 = (float)uvf[r1 * uv_pitch + 2 * c0 + c];
+                const float t1 = (float)uvf[r0 * uv_pitch + 2 * c1 + c], b1 = (float)uvf[r1 * uv_pitch + 2 * c1 + c];
+                const float v0 = t0 + (b0 - t0) * ay, v1 = t1 + (b1 - t1) * ay;
+                ch[c] = v0 + (v1 - v0) * ax;
+            }
+            const float yv = (float)yf[ry * y_pitch + rx];
+            for (int c = 0; c < 3; ++c) {
+                const float v = yv * m[c * 3] + ch[0] * m[c * 3 + 1] + ch[1] * m[c * 3 + 2] + offset[c];
+                rgb[ky][kx][c] = fminf(fmaxf(v, 0.0f), 255.0f);
+            }
+        }
     }
+    const float wy = lay[oy], wx = lax[ox];
     for (int c = 0; c < 3; ++c) {
-        float v = m[c * 3] * yuv[0] + m[c * 3 + 1] * yuv[1] + m[c * 3 + 2] * yuv[2];
-        v += offset[c];
-        v = fminf(fmaxf(v, 0.0f), 255.0f);
-        out[c * hw + i] = (O)(use_plain ? v * plain : v * a[c] + b[c]);
+        const float v0 = rgb[0][0][c] + (rgb[1][0][c] - rgb[0][0][c]) * wy;
+        const float v1 = rgb[0][1][c] + (rgb[1][1][c] - rgb[0][1][c]) * wy;
+        const float v = v0 + (v1 - v0) * wx;
+        out[c * h * w + i] = (O)(use_plain ? v * plain : v * a[c] + b[c]);
     }
 """,
 )

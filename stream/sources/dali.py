@@ -27,6 +27,13 @@ Decision record:
   holds only after a pass that ran the whole epoch on DALI (no change of sequence parameters, no CPU rest)
   over a file whose inode, size and mtime are unchanged; otherwise the next pass builds a new pipeline (and a
   removed file fails with the usual clear error).
+- Colour (stream/sources/colour.py): the reader is asked for YCbCr (`image_type=YCbCr`: the decoded samples,
+  chroma upsampled by DALI), and `ycbcr_to_rgb` converts them in the pipeline with the file's signalled matrix
+  and range (BT.709 for untagged HD, BT.601 for untagged SD), clipped, before the resize: converting first
+  and resizing second, as the CPU routes and the NVDEC live route compute. DALI's own YCbCr -> RGB (its
+  default RGB output) ignores the file's tags. Where this DALI refuses YCbCr, the pipeline takes DALI's RGB
+  and says so in the log. TO VERIFY ON THE GPU HOST (tests/gpu/test_gpu_colour.py): that YCbCr comes out
+  as the decoded samples (not rescaled), and how DALI upsamples chroma (the fidelity test measures it).
 - Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
   the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
   lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
@@ -45,6 +52,7 @@ import numpy as np
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.errors import DecodeError, first_line
+from stream.sources.colour import Colour, resolve, yuv_to_rgb
 from stream.sources.naming import Source
 from stream.sources.pyav import VideoInfo
 
@@ -54,7 +62,35 @@ DALI_CODECS = {"h264", "hevc"}
 DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:4:4 H.264 it does not)
 
 
-def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int = 2, sizes: bool = True) -> Any:
+def ycbcr_to_rgb(video: Any, colour: Colour) -> Any:
+    """DALI graph: FHWC uint8 YCbCr frames (the reader's `image_type=YCbCr`) -> FHWC float RGB in 0..255, with
+    `colour`'s matrix and range (colour.yuv_to_rgb), clipped. The one place the file route's colour is made."""
+    import nvidia.dali.fn as fn
+    import nvidia.dali.math as dmath
+    import nvidia.dali.types as types
+
+    m, offset = yuv_to_rgb(colour.colorspace, colour.full_range)
+    f = fn.cast(video, dtype=types.FLOAT)
+    planes = [f[:, :, :, 0], f[:, :, :, 1], f[:, :, :, 2]]  # Y, Cb, Cr: [F, H, W] each
+    channels = []
+    for k in range(3):
+        c = planes[0] * float(m[k, 0]) + float(offset[k])
+        for j in (1, 2):
+            if m[k, j] != 0.0:
+                c = c + planes[j] * float(m[k, j])
+        channels.append(dmath.clamp(c, 0.0, 255.0))
+    return fn.stack(*channels, axis=3, axis_name="C")
+
+
+def build_pipeline(
+    path: str,
+    info: ModelInfo,
+    device_id: int,
+    num_threads: int = 2,
+    sizes: bool = True,
+    colour: Colour | None = None,
+) -> Any:
+    """The file's pipeline. colour: convert DALI's YCbCr with it (`ycbcr_to_rgb`); None: DALI's own RGB."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -74,8 +110,11 @@ def build_pipeline(path: str, info: ModelInfo, device_id: int, num_threads: int 
             enable_timestamps=True,
             random_shuffle=False,
             name="reader",
+            **({"image_type": types.YCbCr} if colour is not None else {}),
         )
-        shape = video.shape() if sizes else None  # [F, H, W, C] of the decoded frames, before the resize
+        shape = video.shape() if sizes else None
+        if colour is not None:
+            video = ycbcr_to_rgb(video, colour)  # [F, H, W, C] of the decoded frames, before the resize
         video = fn.resize(
             video,
             resize_x=info.width,
@@ -123,14 +162,9 @@ class DaliBatchSource:
         with cp.cuda.Device(device_id):
             self._cuda_stream = cp.cuda.Stream(non_blocking=True)
         t0 = time.perf_counter()
+        self.colour = resolve(vi.colorspace, vi.color_range, vi.width, vi.height, pix_fmt=vi.pix_fmt)
         try:
-            try:
-                self._pipe = build_pipeline(src.location, info, device_id)
-                self._pipe.build()
-            except Exception as exc:  # no shape output in this DALI: the header's size is used
-                log.debug("DALI pipeline with frame sizes failed (%s); building it without", first_line(exc))
-                self._pipe = build_pipeline(src.location, info, device_id, sizes=False)
-                self._pipe.build()
+            self._pipe = self._build()
             self._epoch = int(self._pipe.epoch_size("reader"))
             log.debug(
                 "stream %s: DALI pipeline for %s built in %.0f ms (%d sequences of %d frames)",
@@ -145,6 +179,31 @@ class DaliBatchSource:
                 f"stream {src.id}: DALI cannot decode file {src.location} on the GPU ({first_line(exc)})",
                 stream=src.id,
             ) from exc
+
+    def _build(self) -> Any:
+        """The pipeline, in the first form this DALI builds: with the file's colour (YCbCr out of the reader,
+        converted by `ycbcr_to_rgb`) and frame sizes, then without sizes, then with DALI's own RGB."""
+        src, info, errors = self.src, self.info, []
+        for colour, sizes in ((self.colour, True), (self.colour, False), (None, True), (None, False)):
+            try:
+                pipe = build_pipeline(src.location, info, self.device_id, sizes=sizes, colour=colour)
+                pipe.build()
+            except Exception as exc:
+                errors.append(first_line(exc))
+                log.debug("DALI pipeline (colour %s, sizes %s) failed: %s", colour is not None, sizes, errors[-1])
+                continue
+            if colour is not None:
+                log.info("stream %s: %s (DALI YCbCr, chroma as DALI upsamples it)", src.id, colour.describe())
+            else:
+                log.warning(
+                    "stream %s: %s; but this DALI gives no YCbCr (%s): converted by DALI's own fixed YCbCr -> RGB, "
+                    "not the file's signalling",
+                    src.id,
+                    self.colour.describe().split(", converted")[0],
+                    errors[0] if errors else "?",
+                )
+            return pipe
+        raise RuntimeError("; ".join(dict.fromkeys(errors)))
 
     def _wrap(self, tensor: Any, owner: Any) -> Any:
         """DALI's dense device tensor as a CuPy array over the same memory; `owner` keeps DALI's buffer alive."""
@@ -245,17 +304,17 @@ class DaliBatchSource:
     def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
         """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
         from stream.sources.host import HostPreprocessor
-        from stream.sources.pyav import iter_rgb
+        from stream.sources.pyav import iter_frames
 
         pre = HostPreprocessor(self.info)
         data, frames = pre.new_batch(), list[FrameMeta]()
         try:
-            for meta, rgb in iter_rgb(self.src):
+            for meta, frame, colour in iter_frames(self.src, quiet=True):
                 if self._closed:
                     return
                 if meta.index < start:
                     continue
-                pre.fill(data, len(frames), rgb)
+                pre.fill_frame(data, len(frames), frame, colour)
                 frames.append(meta)
                 if len(frames) == self.info.batch:
                     yield Batch(self.stream, frames, data)

@@ -1,5 +1,10 @@
 """Preprocessing on the host, and the CPU batch source (PyAV decode + resize/normalize into model batches).
 
+A decoded frame is converted with the stream's signalled matrix and range (stream/sources/colour.py): a frame
+of up to SWSCALE_MAX_RATIO times the model's pixels, or of a pixel format other than 8-bit YUV, whole by
+swscale's accurate path, then resized as below (`fill`); a larger 8-bit YUV frame from its planes
+(`yuv420_to_row`, the arithmetic of the NVDEC routes), whose cost follows the model's size (`fill_frame`).
+
 The resize is bilinear with half-pixel centres and no antialiasing (OpenCV's INTER_LINEAR), the same
 arithmetic as DALI's linear resize on the GPU path and torchvision's own F.interpolate. It runs in float32,
 not uint8: OpenCV's uint8 resize rounds through 11-bit fixed point, and a one-level difference in many
@@ -12,15 +17,20 @@ from __future__ import annotations
 
 import queue
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.errors import DecodeError
+from stream.sources.colour import PLANAR, SWSCALE_MAX_RATIO, Colour, planes, to_rgb, yuv420_to_row
 from stream.sources.naming import Source
-from stream.sources.pyav import iter_rgb, probe
+from stream.sources.pyav import iter_frames, probe
 from stream.sources.rate import DROP_REASON, DetectRate
+
+if TYPE_CHECKING:
+    import av
 
 
 class HostPreprocessor:
@@ -49,6 +59,16 @@ class HostPreprocessor:
         if rgb.shape[0] == i.height and rgb.shape[1] == i.width:
             return f
         return self._cv2.resize(f, (i.width, i.height), interpolation=self._cv2.INTER_LINEAR)
+
+    def fill_frame(self, out: np.ndarray, row: int, frame: av.VideoFrame, colour: Colour) -> None:
+        """A decoded PyAV frame into row `row`, converted as `colour` says: whichever way costs less (module
+        docstring), both the reference's arithmetic (tests/sources/test_colour.py)."""
+        i = self.info
+        if frame.format.name in PLANAR and frame.width * frame.height > SWSCALE_MAX_RATIO * i.width * i.height:
+            y, u, v = planes(frame)
+            yuv420_to_row(y, u, v, out[row], self.info, colour)
+        else:
+            self.fill(out, row, to_rgb(frame, colour))
 
     def fill(self, out: np.ndarray, row: int, rgb: np.ndarray) -> None:
         chw = self.resize(rgb).transpose(2, 0, 1)
@@ -96,10 +116,10 @@ class HostBatchSource:
         frames: list[FrameMeta] = []
         data = self._free.get()
         try:
-            for meta, rgb in iter_rgb(self.src, rate=DetectRate(self.detect_fps), on_skip=self._skipped):
+            for meta, frame, colour in iter_frames(self.src, rate=DetectRate(self.detect_fps), on_skip=self._skipped):
                 if self._closed:
                     return
-                self.pre.fill(data, len(frames), rgb)
+                self.pre.fill_frame(data, len(frames), frame, colour)
                 frames.append(meta)
                 if len(frames) == self.info.batch:
                     yield self._batch(frames, data)

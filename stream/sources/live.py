@@ -50,6 +50,7 @@ from stream.config import Config
 from stream.core.frames import Batch, FrameMeta
 from stream.engines.model import ModelInfo
 from stream.errors import SourceError, first_line
+from stream.sources.colour import Colour, StreamColour
 from stream.sources.host import HostPreprocessor
 from stream.sources.naming import Source, redact, scheme_of
 from stream.sources.rate import DROP_REASON, DetectRate, detect_fps_of
@@ -67,7 +68,8 @@ _USERINFO = re.compile(r"(?<=://)[^/@\s'\"]+@")
 
 
 class HostRows:
-    """Row strategy of the CPU route: RGB frames (PyAV) resized and normalized into rows of numpy batches."""
+    """Row strategy of the CPU route: PyAV frames, with the conversion their colour signalling asks for,
+    converted, resized and normalized into rows of numpy batches (host.HostPreprocessor.fill_frame)."""
 
     device = False
 
@@ -77,8 +79,9 @@ class HostRows:
     def new_batch(self) -> np.ndarray:
         return self._pre.new_batch()
 
-    def fill(self, data: np.ndarray, row: int, rgb: np.ndarray) -> None:
-        self._pre.fill(data, row, rgb)
+    def fill(self, data: np.ndarray, row: int, item: tuple[av.VideoFrame, Colour]) -> None:
+        frame, colour = item
+        self._pre.fill_frame(data, row, frame, colour)
 
     def shift(self, data: np.ndarray, src: int, n: int) -> None:
         data[:n] = data[src : src + n]  # numpy copies overlapping rows safely
@@ -147,7 +150,9 @@ class LiveBatchSource:
         self._batch = info.batch
         self._pool = max(1, pool)
         self._host_rows = HostRows(info)
+        self._colours = StreamColour(self._where)  # the CPU route's conversion, logged when found or changed
         self._dev_rows: Any = None
+        self._nvdec_colour: Colour | None = None  # the NVDEC route's conversion, as last logged
         self.route = self._choose_route(device)
         self._rows: Any = self._host_rows  # the row strategy in use: HostRows, or DeviceRows on the NVDEC route
         if self.route == "nvdec":
@@ -371,6 +376,9 @@ class LiveBatchSource:
             ctx.name,
             "low" if dec.low_latency else "native",
         )
+        if dec.colour != self._nvdec_colour:
+            self._nvdec_colour = dec.colour
+            log.info("%s: %s", self._where, dec.colour.describe())
         return dec
 
     def _session(self) -> tuple[str, bool]:
@@ -390,6 +398,7 @@ class LiveBatchSource:
             if not container.streams.video:
                 return "the feed has no video stream", False
             vs = container.streams.video[0]
+            self._colours.ctx = vs.codec_context
             if self.route == "nvdec":
                 nvdec = self._open_nvdec(vs)
             wait_key = False  # the CPU decoder took over mid-connection: it starts at a keyframe
@@ -455,10 +464,10 @@ class LiveBatchSource:
         if full:  # no buffer to put it in: drop it before spending a colour conversion on it
             self._drop("no_buffer")
             return
-        rgb = frame.to_ndarray(format="rgb24")
+        colour = self._colours.of(frame)
         if self._rows is not self._host_rows:
             self._use_rows(self._host_rows)
-        self._put(self._host_rows, rgb, meta)
+        self._put(self._host_rows, (frame, colour), meta)
 
     def _offer_nvdec(self, frame: NvdecFrame, pts_s: float | None, arrived: float) -> None:
         """Put one NVDEC frame (decode_nvdec.NvdecFrame, on the device) into the batch being filled, or drop it."""

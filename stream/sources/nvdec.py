@@ -27,21 +27,21 @@ Decision record:
   `max_errors` in a row, a frame it cannot hand over, or a broken decoder raise NvdecError, and the live
   source decodes the feed on the CPU from then on (stream/sources/live.py).
 - Rows from NV12 (`nv12_to_row`, numpy or CuPy): bilinear resize with half-pixel centres and no antialias, the
-  arithmetic of OpenCV's INTER_LINEAR on float that the CPU route uses (stream/sources/host.py) and of DALI's
-  linear resize, applied to the Y plane and to the UV plane at the output pixels' positions; then YUV -> RGB,
-  clipped to [0, 255], then ((pixel * scale) - mean) / std in the model's dtype. Resampling before the colour
-  conversion equals converting first (both are linear) up to the clipping. The CPU route rounds RGB to uint8
-  before its resize; this one stays in float.
-- Chroma siting: the UV plane is sampled where FFmpeg's swscale puts 4:2:0 chroma by default for H.264
-  (MPEG-2 siting, "left"): chroma sample (i, j) sits at luma x = 2j (on even columns) and luma y = 2i + 0.5
-  (between two rows). That is what the H.264 spec assumes without a chroma_loc tag and what swscale's scaler
-  uses. (swscale's unscaled yuv420p -> rgb24 path, which PyAV's `to_ndarray` takes on the CPU route, repeats
-  each chroma sample over its 2x2 block instead; the difference is measured in tests/sources/test_nvdec.py.)
-- Colours as swscale converts them on the CPU route (PyAV passes the frame's tags): BT.601 limited range for
-  untagged H.264/HEVC, BT.709 / BT.2020 / FCC / SMPTE-240M for feeds tagged so, full range for `yuvj420p` or
-  feeds tagged full range. The tags are read once from the feed's codec parameters.
-- The resampling is gathers with precomputed index and weight arrays, cached per (source size, model size,
-  device): on CuPy a row is about a dozen kernels, with no Python loop over pixels.
+  arithmetic of OpenCV's INTER_LINEAR on float, applied to the Y plane and to the UV plane at the output
+  pixels' positions; then YUV -> RGB, clipped to [0, 255], then ((pixel * scale) - mean) / std in the model's
+  dtype. The CPU routes do the same (stream/sources/colour.py `yuv420_to_row`, with OpenCV). Resampling before
+  the colour conversion equals converting first (both are linear) up to the clipping.
+- Chroma siting: the UV plane is sampled at the MPEG-2 / H.264 default siting ("left"): chroma sample (i, j)
+  sits at luma x = 2j (on even columns) and luma y = 2i + 0.5 (between two rows). That is what the H.264 spec
+  assumes without a chroma_loc tag, what FFmpeg's decoders tag their frames with, and what swscale's accurate
+  path computes on the CPU (stream/sources/colour.py).
+- Colours by the feed's own signalling (stream/sources/colour.py): the matrix and range its codec parameters
+  tag, BT.709 for untagged HD and BT.601 for untagged SD, limited range unless tagged full or `yuvj420p`; the
+  CPU routes convert by the same rule and the same arithmetic. The tags are read once from the feed's codec
+  parameters; the default follows each frame's size.
+- The resampling is gathers with precomputed taps (two luma rows and columns per output pixel, two chroma rows
+  and columns per luma tap: colour.Taps), cached per (source size, model size, device); on CuPy a row is one
+  kernel, with no Python loop over pixels.
 - cupy and PyNvVideoCodec are imported lazily: this module imports on machines without either.
 """
 
@@ -59,6 +59,7 @@ import numpy as np
 
 from stream.engines.model import ModelInfo
 from stream.errors import DecodeError, first_line
+from stream.sources.colour import Colour, Taps, make_taps, resolve, rgb_at_taps, yuv_to_rgb
 from stream.sources.pyav import ANNEXB_FILTERS, sequence_parameter_sets
 
 if TYPE_CHECKING:
@@ -72,11 +73,6 @@ _T = TypeVar("_T")
 NVDEC_CODECS = ANNEXB_FILTERS  # codec -> bitstream filter to Annex-B
 NVDEC_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # 4:2:0 8-bit: NVDEC's NV12 output
 _NVC_NAMES = ("CreateDecoder", "PacketData", "DisplayDecodeLatencyType", "VideoPacketFlag", "cudaVideoCodec")
-
-# AVColorSpace -> (Kr, Kb) of the YUV -> RGB matrix, as swscale's sws_getCoefficients picks them
-_KR_KB = {1: (0.2126, 0.0722), 4: (0.30, 0.11), 7: (0.212, 0.087), 9: (0.2627, 0.0593), 10: (0.2627, 0.0593)}
-_BT601 = (0.299, 0.114)
-AVCOL_RANGE_JPEG = 2
 
 
 class NvdecError(DecodeError):
@@ -134,55 +130,10 @@ def nvdec_refusal(codec: str | None, pix_fmt: str | None) -> str | None:
 
 
 # -- NV12 -> model row ----------------------------------------------------------------------------------------
-def yuv_to_rgb(colorspace: int | None = None, full_range: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """(M [3, 3], offset [3]): rgb = M @ [Y, U, V] + offset, in 0..255 units, as swscale converts.
-
-    colorspace is FFmpeg's AVColorSpace (1 BT.709, 4 FCC, 7 SMPTE-240M, 9/10 BT.2020; anything else, untagged
-    included, BT.601); full_range: JPEG range (yuvj420p, or tagged AVCOL_RANGE_JPEG) instead of limited range.
-    """
-    kr, kb = _KR_KB.get(int(colorspace or 0), _BT601)
-    kg = 1.0 - kr - kb
-    ys, cs, yo = (1.0, 1.0, 0.0) if full_range else (255.0 / 219.0, 255.0 / 224.0, 16.0)
-    rv, bu = cs * 2.0 * (1.0 - kr), cs * 2.0 * (1.0 - kb)
-    gu, gv = -bu * kb / kg, -rv * kr / kg
-    m = np.array([[ys, 0.0, rv], [ys, gu, gv], [ys, bu, 0.0]], np.float64)
-    offset = -m @ np.array([yo, 128.0, 128.0])
-    return m, offset
-
-
-def _axis(n_src: int, n_dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """OpenCV INTER_LINEAR along one axis: (i0, i1, weight of i1, source position before clamping)."""
-    f = (np.arange(n_dst, dtype=np.float64) + 0.5) * (n_src / n_dst) - 0.5
-    return (*_clamped(f, n_src), f)
-
-
-def _clamped(f: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    i0 = np.floor(f).astype(np.int64)
-    a = f - i0
-    low, high = i0 < 0, i0 >= n - 1
-    i0[low], a[low] = 0, 0.0
-    i0[high], a[high] = n - 1, 0.0
-    return i0, np.minimum(i0 + 1, n - 1), a.astype(np.float32)
-
-
-def _chroma_axis(f: np.ndarray, n_luma: int, n_chroma: int, centred: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Bilinear taps in the chroma plane for luma positions f: chroma j sits at luma 2j (+ 0.5 if centred)."""
-    lum = np.clip(f, 0.0, n_luma - 1.0)  # the luma grid's edge, as the RGB image of the CPU route has it
-    return _clamped((lum - (0.5 if centred else 0.0)) / 2.0, n_chroma)
-
-
-@dataclass(frozen=True)
-class _Plan:
-    y_idx: Any  # [4, h, w] flat indices into the Y plane (corners 00, 01, 10, 11)
-    y_w: Any  # [4, h, w] float32 weights
-    uv_idx: Any  # [4, 2, h, w] flat indices into the UV plane (U, V)
-    uv_w: Any  # [4, 1, h, w] float32 weights
-
-
 @dataclass(frozen=True)
 class _Consts:
-    m: Any  # [3, 3, 1, 1] float32
-    offset: Any  # [3, 1, 1] float32
+    m: Any  # [3, 3] float32
+    offset: Any  # [3] float32
     a: Any  # [3, 1, 1] scale/std
     b: Any  # [3, 1, 1] -mean/std
     plain: float | None  # a single factor when mean is 0 and std equal (out = rgb * plain)
@@ -213,28 +164,8 @@ def _xp_key(xp: Any) -> tuple[str, int]:
     return (xp.__name__, int(xp.cuda.runtime.getDevice()))
 
 
-def _corner_weights(ay: np.ndarray, ax: np.ndarray) -> np.ndarray:
-    wy, wx = ay[:, None], ax[None, :]
-    return np.stack([(1 - wy) * (1 - wx), (1 - wy) * wx, wy * (1 - wx), wy * wx]).astype(np.float32)
-
-
-def _make_plan(xp: Any, H: int, W: int, Hc: int, Wc: int, h: int, w: int, siting: str) -> _Plan:
-    y0, y1, ay, fy = _axis(H, h)
-    x0, x1, ax, fx = _axis(W, w)
-    y_idx = np.stack([r[:, None] * W + c[None, :] for r in (y0, y1) for c in (x0, x1)])
-    cy0, cy1, cay = _chroma_axis(fy, H, Hc, centred=True)
-    cx0, cx1, cax = _chroma_axis(fx, W, Wc, centred=(siting == "center"))
-    base = np.stack([r[:, None] * (2 * Wc) + 2 * c[None, :] for r in (cy0, cy1) for c in (cx0, cx1)])
-    uv_idx = np.stack([base, base + 1], axis=1)  # [4, 2, h, w]: U then V
-    itype = np.int64 if xp is np else np.int32
-    if max(H * W, Hc * 2 * Wc) >= 2**31:
-        itype = np.int64
-    return _Plan(
-        xp.asarray(y_idx.astype(itype)),
-        xp.asarray(_corner_weights(ay, ax)),
-        xp.asarray(uv_idx.astype(itype)),
-        xp.asarray(_corner_weights(cay, cax)[:, None]),
-    )
+def _make_plan(xp: Any, H: int, W: int, Hc: int, Wc: int, h: int, w: int, siting: str) -> Taps:
+    return make_taps(xp, H, W, Hc, Wc, h, w, siting)
 
 
 def _make_consts(xp: Any, info: ModelInfo, colorspace: int | None, full_range: bool) -> _Consts:
@@ -245,8 +176,8 @@ def _make_consts(xp: Any, info: ModelInfo, colorspace: int | None, full_range: b
     plain = float(a[0]) if np.all(b == 0) and np.all(a == a[0]) else None
     f32 = np.float32
     return _Consts(
-        xp.asarray(m.astype(f32).reshape(3, 3, 1, 1)),
-        xp.asarray(offset.astype(f32).reshape(3, 1, 1)),
+        xp.asarray(m.astype(f32)),
+        xp.asarray(offset.astype(f32)),
         xp.asarray(a.astype(f32).reshape(3, 1, 1)),
         xp.asarray(b.astype(f32).reshape(3, 1, 1)),
         plain,
@@ -267,52 +198,48 @@ def nv12_to_row(
 ) -> None:
     """Write one model-input row `out` [3, h, w] (the model's dtype) from an NV12 frame, with numpy or CuPy (`xp`).
 
-    y: [H, W] uint8; uv: [H/2, W/2, 2] or [H/2, W] uint8 (interleaved U, V). colorspace/full_range: the feed's
-    tags (see `yuv_to_rgb`). siting: "left" (MPEG-2, FFmpeg's default for H.264 4:2:0) or "center" (chroma x
-    at 2j + 0.5). On CuPy everything runs on the current stream, in one kernel (`_row_kernel`, the same taps,
-    weights and arithmetic as the array code below, which `fused=False` runs instead): the array code is
-    about 15 CuPy calls a frame, each holding the GIL while it launches, and 16 live feeds' readers share
-    the GIL with the engine's threads (bench/RESULTS-archive.md: a 1-ms ticker thread woke 11.7 ms late at p99 beside 16 readers).
+    y: [H, W] uint8; uv: [H/2, W/2, 2] or [H/2, W] uint8 (interleaved U, V). colorspace/full_range: the
+    conversion (an AVColorSpace and the range, as stream.sources.colour.resolve gives them). siting: "left"
+    (MPEG-2, FFmpeg's default for H.264 4:2:0) or "center" (chroma x at 2j + 0.5). The arithmetic is
+    colour.rgb_at_taps: every luma tap converted and clipped, then blended (converting first, resizing
+    second). On CuPy everything runs on the current stream, in one kernel (`_row_kernel`, the same taps,
+    weights and arithmetic as the array code, which `fused=False` runs instead): the array code is about 30
+    CuPy calls a frame, each holding the GIL while it launches, and 16 live feeds' readers share the GIL with
+    the engine's threads (bench/RESULTS-archive.md: a 1-ms ticker thread woke 11.7 ms late at p99 beside 16
+    readers).
     """
     H, W = int(y.shape[0]), int(y.shape[1])
     uv2 = uv.reshape(int(uv.shape[0]), -1)  # [Hc, 2 * Wc] bytes
     Hc, Wc = int(uv2.shape[0]), int(uv2.shape[1]) // 2
     h, w = info.height, info.width
     xk = _xp_key(xp)
-    plan: _Plan = _cached(("plan", *xk, H, W, Hc, Wc, h, w, siting), lambda: _make_plan(xp, H, W, Hc, Wc, h, w, siting))
+    plan: Taps = _cached(("plan", *xk, H, W, Hc, Wc, h, w, siting), lambda: _make_plan(xp, H, W, Hc, Wc, h, w, siting))
     consts: _Consts = _cached(
         ("consts", *xk, info.scale, tuple(info.mean), tuple(info.std), int(colorspace or 0), bool(full_range)),
         lambda: _make_consts(xp, info, colorspace, full_range),
     )
-    yf = xp.ascontiguousarray(y).reshape(-1)
-    uvf = xp.ascontiguousarray(uv2).reshape(-1)
     if fused and hasattr(xp, "ElementwiseKernel"):  # CuPy (not numpy, nor the CPU tests' stand-in)
         k = _row_kernel(xp)
         plain = consts.plain is not None
         if not (out.flags.c_contiguous and out.dtype in (np.float16, np.float32)):
             raise ValueError(f"a model row must be C-contiguous float16 or float32, not {out.dtype}")
-        flat = [
-            a.reshape(-1)
-            for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)
-        ]
+        flat = [a.reshape(-1) for a in (*plan.arrays(), consts.m, consts.offset, consts.a, consts.b)]
         # 1-D views (the arrays are contiguous): a raw n-d array's flat index is unravelled by its shape per access
         k(
-            yf,
-            uvf,
+            xp.ascontiguousarray(y).reshape(-1),
+            xp.ascontiguousarray(uv2).reshape(-1),
             *flat,
             np.float32(consts.plain if plain else 0.0),
             np.int32(plain),
-            np.int64(h * w),
+            np.int64(h),
+            np.int64(w),
+            np.int64(W),
+            np.int64(2 * Wc),
             out.reshape(-1),
             size=h * w,
         )
         return
-    yuv = xp.empty((3, h, w), dtype=xp.float32)
-    xp.sum(yf.take(plan.y_idx) * plan.y_w, axis=0, out=yuv[0])
-    xp.sum(uvf.take(plan.uv_idx) * plan.uv_w, axis=0, out=yuv[1:])
-    rgb = (consts.m * yuv[None]).sum(axis=1)  # [3, h, w]
-    rgb += consts.offset
-    xp.clip(rgb, 0.0, 255.0, out=rgb)
+    rgb = rgb_at_taps(xp, y, uv2.reshape(Hc, Wc, 2), plan, consts.m, consts.offset)
     if consts.plain is not None:
         xp.multiply(rgb, xp.float32(consts.plain), out=out)
     else:
@@ -377,8 +304,9 @@ class NvdecDecoder:
         if why is not None:
             raise NvdecError(f"stream {stream_id}: {why}", stream=stream_id)
         self.time_base = vs.time_base
-        self.colorspace = int(getattr(ctx, "colorspace", 0) or 0)
-        self.full_range = self.pix_fmt == "yuvj420p" or int(getattr(ctx, "color_range", 0) or 0) == AVCOL_RANGE_JPEG
+        self.tags = (int(getattr(ctx, "colorspace", 0) or 0), int(getattr(ctx, "color_range", 0) or 0))
+        self._colour_size = (0, 0)
+        self.colour = self.colour_for(int(ctx.width or 0), int(ctx.height or 0))
         self.low_latency = not bool(getattr(ctx, "has_b_frames", 0))
         self.max_size = (int(ctx.width or 0), int(ctx.height or 0))
         try:
@@ -405,6 +333,12 @@ class NvdecDecoder:
         self.frames = 0
         self._sps: bytes | None = None  # the sequence parameter sets last seen (Annex-B NAL units)
         self._create()
+
+    def colour_for(self, width: int, height: int) -> Colour:
+        """The conversion for frames of this size: the feed's tags, else the default for the size (colour.py)."""
+        self._colour_size = (width, height)
+        self.colour = resolve(self.tags[0], self.tags[1], width, height, pix_fmt=self.pix_fmt)
+        return self.colour
 
     # -- decoder lifetime ------------------------------------------------------------------------------------
     def _create(self) -> None:
@@ -655,7 +589,8 @@ class NvdecDecoder:
                 stream=self.stream_id,
             )
         height, width = 2 * int(arr.shape[0]) // 3, int(arr.shape[1])
-        return NvdecFrame(arr, width, height, self.colorspace, self.full_range, owner=f)
+        colour = self.colour if (width, height) == self._colour_size else self.colour_for(width, height)
+        return NvdecFrame(arr, width, height, colour.colorspace, colour.full_range, owner=f)
 
     def _from_pointer(self, f: Any, cp: Any, why: BaseException) -> Any:
         """The NV12 surface by its device pointer, where DLPack fails (sizes from the decoder)."""

@@ -13,13 +13,18 @@ import time
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from stream.core.frames import FrameMeta
 from stream.errors import DecodeError, SourceError, first_line
+from stream.sources.colour import Colour, StreamColour, to_rgb
 from stream.sources.naming import Source, redact
 from stream.sources.rate import DetectRate
+
+if TYPE_CHECKING:
+    import av
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +40,8 @@ class VideoInfo:
     frames_declared: int  # from the container header; 0 when unknown
     fps: float | None
     pix_fmt: str | None = None
+    colorspace: int = 2  # the stream's colour tags (AVColorSpace, AVColorRange; 2 and 0: unspecified)
+    color_range: int = 0
 
 
 def open_container(src: Source):  # -> av.container.InputContainer
@@ -78,7 +85,16 @@ def probe(src: Source) -> VideoInfo:
             )
         rate = vs.average_rate or vs.guessed_rate
         pix_fmt = ctx.pix_fmt if isinstance(ctx.pix_fmt, str) else getattr(ctx.pix_fmt, "name", None)
-        return VideoInfo(ctx.width, ctx.height, ctx.name, int(vs.frames or 0), float(rate) if rate else None, pix_fmt)
+        return VideoInfo(
+            ctx.width,
+            ctx.height,
+            ctx.name,
+            int(vs.frames or 0),
+            float(rate) if rate else None,
+            pix_fmt,
+            int(ctx.colorspace or 2),
+            int(ctx.color_range or 0),
+        )
 
 
 def frame_times(src: Source) -> list[float | None]:
@@ -206,18 +222,20 @@ class SequenceScan:
         self._stop.set()
 
 
-def iter_rgb(
+def iter_frames(
     src: Source,
     *,
     threads: bool = True,
+    quiet: bool = False,
     rate: DetectRate | None = None,
     on_skip: Callable[[FrameMeta], None] | None = None,
-) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
-    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order.
+) -> Generator[tuple[FrameMeta, av.VideoFrame, Colour], None, None]:
+    """Every frame of src as (meta, PyAV frame, the conversion its colour signalling asks for), in presentation
+    order. The conversion is logged at INFO once per stream (and again if it changes) unless `quiet`.
 
-    With an active `rate` (detect_fps), only the frames it keeps are converted and yielded; each frame it skips
-    is decoded (the codec needs it), keeps its place in the numbering and goes to `on_skip` instead. A frame
-    without a pts is placed at index / the stream's frame rate."""
+    With an active `rate` (detect_fps), only the frames it keeps are yielded; each frame it skips is decoded
+    (the codec needs it), keeps its place in the numbering and goes to `on_skip` instead, before any colour
+    work. A frame without a pts is placed at index / the stream's frame rate."""
     import av
 
     container = open_container(src)
@@ -226,6 +244,7 @@ def iter_rgb(
         vs = container.streams.video[0]
         if threads:
             vs.thread_type = "AUTO"
+        colours = StreamColour(f"stream {src.id}", vs.codec_context, quiet=quiet)
         declared = 0 if src.live else int(vs.frames or 0)
         selecting = rate is not None and rate.active
         avg = vs.average_rate or vs.guessed_rate
@@ -241,8 +260,7 @@ def iter_rgb(
                         if on_skip is not None:
                             on_skip(meta)
                         continue
-                rgb = frame.to_ndarray(format="rgb24")
-                yield meta, rgb
+                yield meta, frame, colours.of(frame)
         except av.error.FFmpegError as exc:
             raise DecodeError(
                 f"stream {src.id}: decoding {redact(src.location)} failed after {index} frames ({first_line(exc)}); "
@@ -261,3 +279,11 @@ def iter_rgb(
             )
     finally:
         container.close()
+
+
+def iter_rgb(src: Source, *, threads: bool = True) -> Generator[tuple[FrameMeta, np.ndarray], None, None]:
+    """Every frame of src as (meta, HxWx3 uint8 RGB at source size), in presentation order, converted with the
+    stream's signalled matrix and range by swscale's fast path (colour.to_rgb, exact=False): the annotated
+    video's frames. Model input is made from the planes instead (host.HostPreprocessor.fill_frame)."""
+    for meta, frame, colour in iter_frames(src, threads=threads, quiet=True):
+        yield meta, to_rgb(frame, colour, exact=False)

@@ -14,6 +14,7 @@ import numpy as np
 from stream import config
 from stream.core.runner import Runner
 from stream.engines.cpu import CpuEngine
+from stream.sources.colour import frame_colour, to_rgb
 from stream.sources.naming import Source
 from stream.testing import ListSink
 
@@ -37,9 +38,10 @@ def test_latest_frame_is_what_the_model_saw(videos: dict[str, Path], model_info:
     msg = r.stats["v"].snapshot[1]
     assert dets == msg["detections"]
     with av.open(str(videos["plain"])) as c:
-        rgb = next(f for i, f in enumerate(c.decode(video=0)) if i == msg["frame"]).to_ndarray(format="rgb24")
+        frame = next(f for i, f in enumerate(c.decode(video=0)) if i == msg["frame"])
+    rgb = to_rgb(frame, frame_colour(frame))  # the stream's own conversion (stream/sources/colour.py)
     ref = cv2.resize(rgb.astype(np.float32), (model_info.width, model_info.height))
-    assert np.abs(img.astype(np.float32) - ref).mean() < 1.0  # the same decode and resize, then uint8 rounding
+    assert np.abs(img.astype(np.float32) - ref).mean() < 1.0  # the same decode, conversion and resize; rounding
 
 
 def test_no_snapshot_unless_watched(videos: dict[str, Path], model_info: Any) -> None:

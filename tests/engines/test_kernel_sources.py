@@ -188,11 +188,8 @@ def test_row_kernel_equals_numpy(lib: Any, model_info: Any, normalized: bool, ta
     h, w = info.height, info.width
     plan = _make_plan(np, H, W, H // 2, W // 2, h, w, tags.get("siting", "left"))
     consts = _make_consts(np, info, tags.get("colorspace"), tags.get("full_range", False))
-    assert plan.y_idx.dtype == np.int64  # the placeholder I the harness compiled for
-    flat = [
-        np.ascontiguousarray(a).reshape(-1)
-        for a in (plan.y_idx, plan.y_w, plan.uv_idx, plan.uv_w, consts.m, consts.offset, consts.a, consts.b)
-    ]
+    assert plan.ly.dtype == np.int64  # the placeholder I the harness compiled for
+    flat = [np.ascontiguousarray(a).reshape(-1) for a in (*plan.arrays(), consts.m, consts.offset, consts.a, consts.b)]
     out = np.full(3 * h * w, np.nan, np.float32)
     plain = consts.plain is not None
     assert plain is not normalized
@@ -202,7 +199,10 @@ def test_row_kernel_equals_numpy(lib: Any, model_info: Any, normalized: bool, ta
         *map(ptr, flat),
         ctypes.c_float(consts.plain or 0.0),
         ctypes.c_int(plain),
-        ctypes.c_longlong(h * w),
+        ctypes.c_longlong(h),
+        ctypes.c_longlong(w),
+        ctypes.c_longlong(W),
+        ctypes.c_longlong(W),  # the UV plane's pitch: W // 2 pairs of bytes
         ptr(out),
         ctypes.c_longlong(h * w),
     )

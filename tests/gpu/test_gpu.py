@@ -174,17 +174,33 @@ def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(
 
 
 def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
-    """Every frame as NVDEC+DALI decode it (RGB uint8, source size), copied to the host for the reference."""
+    """Every frame as NVDEC+DALI decode it (YCbCr, source size), copied to the host and converted to RGB (float,
+    clipped) with the file's resolved colour, as the DALI route converts it (dali.ycbcr_to_rgb)."""
     import nvidia.dali.fn as fn
+    import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
+
+    from stream.sources.colour import resolve, yuv_to_rgb
+    from stream.sources.naming import Source
+    from stream.sources.pyav import probe
+
+    vi = probe(Source("ref", str(path)))
+    colour = resolve(vi.colorspace, vi.color_range, vi.width, vi.height, pix_fmt=vi.pix_fmt)
+    m, off = yuv_to_rgb(colour.colorspace, colour.full_range)
 
     @pipeline_def(batch_size=1, num_threads=2, device_id=0)
     def pipe() -> Any:
-        return fn.experimental.readers.video(device="gpu", filenames=[str(path)], sequence_length=1, name="r")
+        return fn.experimental.readers.video(
+            device="gpu", filenames=[str(path)], sequence_length=1, image_type=types.YCbCr, name="r"
+        )
 
     p = pipe()
     p.build()
-    return [np.asarray(p.run()[0].as_cpu().as_tensor())[0, 0] for _ in range(p.epoch_size("r"))]
+    out = []
+    for _ in range(p.epoch_size("r")):
+        ycc = np.asarray(p.run()[0].as_cpu().as_tensor())[0, 0].astype(np.float32)
+        out.append(np.clip(ycc @ m.T.astype(np.float32) + off.astype(np.float32), 0.0, 255.0))
+    return out
 
 
 def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], model_info: Any) -> None:
