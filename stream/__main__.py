@@ -1,5 +1,3 @@
-import sys
+from stream.daemon.cli import entry
 
-from stream.daemon.cli import main
-
-sys.exit(main())
+entry()

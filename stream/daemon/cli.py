@@ -451,5 +451,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     return int(args.func(args))
 
 
+def entry() -> None:
+    """The `stream` command (and `python -m stream`): main(), then out without the interpreter's teardown.
+
+    By the time main() returns, everything it opened is closed: the publisher's context terminated (its queued
+    messages gone out), files written, worker processes reaped. What is left is the interpreter unloading some
+    hundred modules and ONNX Runtime, OpenCV and FFmpeg tearing down their globals: about 0.2 s of a 2-core
+    machine, paid by every `stream run` on a short clip. So the output is flushed, logging shut down, and the
+    process exits with main()'s status at once. An exception out of main() takes the usual way, traceback
+    included.
+    """
+    code = main()
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more can reach it
+            pass
+    logging.shutdown()
+    os._exit(code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
