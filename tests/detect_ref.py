@@ -56,13 +56,14 @@ def reference(path: Path, info: Any) -> list[list[dict[str, Any]]]:
     return [list(d) for d in _reference(str(path), path.stat().st_mtime_ns, str(info.path))]
 
 
-def _as_the_cpu_route_rounds(rgb: np.ndarray, info: Any) -> np.ndarray:
-    """The CPU route converts a frame of up to SWSCALE_MAX_RATIO times the model's pixels whole, to uint8 RGB
-    (stream/sources/colour.py): the reference rounds those the same way, the larger ones it leaves in float."""
-    from stream.sources.colour import SWSCALE_MAX_RATIO
+def _as_the_cpu_route_rounds(rgb: np.ndarray, info: Any, codec: str) -> np.ndarray:
+    """The CPU route converts a frame of up to SWSCALE_MAX_RATIO times the model's pixels whole, to uint8 RGB,
+    where its decoder sites chroma as the conversion does (H.264, HEVC: stream/sources/colour.py): the
+    reference rounds those the same way, the others it leaves in float."""
+    from stream.sources.colour import LEFT_SITED_CODECS, SWSCALE_MAX_RATIO
 
     small = rgb.shape[0] * rgb.shape[1] <= SWSCALE_MAX_RATIO * info.width * info.height
-    return np.clip(np.rint(rgb), 0, 255) if small else rgb
+    return np.clip(np.rint(rgb), 0, 255) if small and codec in LEFT_SITED_CODECS else rgb
 
 
 @functools.lru_cache(maxsize=16)
@@ -74,7 +75,8 @@ def _reference(path: str, mtime_ns: int, model: str) -> tuple[tuple[dict[str, An
     info = load_info(Path(model))
     sess = ort.InferenceSession(model, providers=["CPUExecutionProvider"])
     with av.open(path) as c:
-        rgbs = [_as_the_cpu_route_rounds(frame_reference_rgb(f), info) for f in c.decode(video=0)]
+        codec = c.streams.video[0].codec_context.name
+        rgbs = [_as_the_cpu_route_rounds(frame_reference_rgb(f), info, codec) for f in c.decode(video=0)]
     out: list[tuple[dict[str, Any], ...]] = []
     for start in range(0, len(rgbs), info.batch):  # the model's fixed batch; rows past the end stay zero
         group = rgbs[start : start + info.batch]

@@ -64,7 +64,8 @@ class HostPreprocessor:
         """A decoded PyAV frame into row `row`, converted as `colour` says: whichever way costs less (module
         docstring), both the reference's arithmetic (tests/sources/test_colour.py)."""
         i = self.info
-        if frame.format.name in PLANAR and frame.width * frame.height > SWSCALE_MAX_RATIO * i.width * i.height:
+        small = frame.width * frame.height <= SWSCALE_MAX_RATIO * i.width * i.height
+        if frame.format.name in PLANAR and not (small and colour.left_sited):
             y, u, v = planes(frame)
             yuv420_to_row(y, u, v, out[row], self.info, colour)
         else:

@@ -286,3 +286,19 @@ def test_a_wrong_conversion_is_caught(clips: dict[str, Path], model_info: Any, n
     mean, p999, _ = stats(np.abs(default - ref))
     print(f"{name}: swscale's default conversion: mean {mean:.2f} p99.9 {p999:.2f}")
     assert mean > MEAN_MAX or p999 > P999_MAX
+
+
+def test_swscale_stands_in_only_for_left_sited_decoders(tmp_path: Path) -> None:
+    """swscale's accurate path takes the chroma siting from the frame's tag: only H.264/HEVC frames (tagged
+    left, the siting the conversion assumes) may take it; an MPEG-4 Part 2 file's frames are converted from
+    their planes."""
+    import av
+
+    from stream.sources.colour import frame_colour
+    from stream.tools.sample import make_sample_video
+
+    for codec, name, sited in (("libx264", "h.mp4", True), ("mpeg4", "m.mkv", False)):
+        path = make_sample_video(tmp_path / name, width=197, height=143, seconds=0.2, codec=codec)
+        with av.open(str(path)) as c:
+            vs = c.streams.video[0]
+            assert frame_colour(next(c.decode(vs)), vs.codec_context).left_sited is sited, codec
