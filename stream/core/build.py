@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from stream.core.shard import ShardView, shard_of, split
 from stream.core.startup import Stages
 from stream.core.stats import ProgressFn
 from stream.engines.model import ModelInfo, default_model_path, load_info
+from stream.engines.model_cache import cache_root
 from stream.sinks.curve import ServerKeys, server_keys
 from stream.sinks.publish import Publisher
 from stream.sources.naming import Source, expand
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 def sample_video_path() -> Path:
     """The embedded default's video, made on first use in the user's cache folder."""
-    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "stream"
+    cache = cache_root()
     path = cache / "sample-640x360-h264.mp4"
     if not path.exists():
         from stream.tools.sample import make_sample_video

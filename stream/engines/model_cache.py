@@ -24,6 +24,7 @@ Decision record:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -50,7 +51,9 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "stream"
 
 
+@functools.cache
 def _cpu_flags() -> str:
+    """The CPU's instruction-set flags (read once a process: every cache lookup keys on them)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
