@@ -42,6 +42,7 @@ __all__ = [
     "SOURCE_KEYS",
     "SourceSpec",
     "check_devices",
+    "check_live_workers",
     "check_sources",
     "check_value",
     "check_workers",
@@ -166,6 +167,22 @@ def check_devices(value: Any, origin: str) -> tuple[int | str, ...]:
             f'{where} mixes "cpu" and CUDA indexes ({value!r}); all workers run on one kind of device; {_DEVICES_HINT}'
         )
     return tuple(out)
+
+
+def check_live_workers(value: Any, origin: str) -> int | str:
+    """`live_workers`: "auto" or a number of decode worker processes (0: the engine process reads live feeds)."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= 256:
+        return value
+    raise ConfigError(
+        f'{_where(origin, "live_workers")} must be "auto" or a number of processes from 0 to 256 '
+        f"(0: no decode processes, the live feeds are read by threads of the engine process); got {value!r}"
+    )
 
 
 def device_list(text: str) -> list[int | str]:
@@ -412,6 +429,15 @@ class Config:
         "PyNvVideoCodec is installed and the feed is H.264/HEVC 4:2:0, else PyAV on the CPU; nvdec requires NVDEC; "
         "cpu always PyAV on the CPU.",
         choices=LIVE_DECODES,
+    )
+    live_workers: int | str = _key(
+        "auto",
+        "Decode worker processes that read the live feeds and hand their frames to the engine through shared "
+        "slots (CUDA IPC on the GPU, shared memory on the CPU); 0: threads of the engine process read them. "
+        "auto: on CUDA, one process per 4 live feeds, at most the usable cores less one; on the CPU, 0.",
+        check=check_live_workers,
+        type_name='integer or "auto"',
+        flag=Flag(("--live-workers",), "N"),
     )
     rtsp_transport: str = _key(
         "tcp",

@@ -233,7 +233,7 @@ class Batcher:
                 b.done()
         out: dict[int, list[FrameResult]] = {id(b): [] for b in parts}
         if fresh:
-            if len(fresh) == 1 and fresh[0][1] == 0:
+            if len(fresh) == 1 and fresh[0][1] == 0 and _whole(fresh[0][0], self.info.batch):
                 batch = fresh[0][0]
             else:
                 batch = self.stack(fresh)
@@ -256,16 +256,17 @@ class Batcher:
             snaps += [at + r - s for r in b.snap_rows if r >= s]
             at += len(b.frames) - s
         name = "+".join(dict.fromkeys(b.stream for b, _ in parts))
-        if all(isinstance(b.data, np.ndarray) for b, _ in parts):
+        if all(_on_host(b.data) for b, _ in parts):
             try:
                 buf = self._host_pool.get_nowait()
             except queue.Empty:
-                buf = np.zeros_like(parts[0][0].data)
+                first = _rows(parts[0][0].data, 0, 1)[0]
+                buf = np.zeros((self.info.batch, *first.shape[1:]), dtype=first.dtype)
             at = 0
             for b, s in parts:
-                n = len(b.frames) - s
-                buf[at : at + n] = b.data[s : s + n]
-                at += n
+                for row in _rows(b.data, s, len(b.frames) - s):
+                    buf[at : at + len(row)] = row
+                    at += len(row)
                 b.done()
             return Batch(name, frames, buf, release=lambda: self._host_pool.put(buf), snap_rows=tuple(snaps))
         return self._stack_device(parts, frames, name, tuple(snaps))
@@ -283,11 +284,11 @@ class Batcher:
             buf = cp.empty((i.batch, 3, i.height, i.width), dtype=np.dtype(i.dtype))
             at = 0
             for b, start in parts:
-                n = len(b.frames) - start
                 if b.ready is not None:
                     s.wait_event(b.ready)
-                buf[at : at + n] = cp.asarray(b.data[start : start + n], dtype=buf.dtype)
-                at += n
+                for rows in _rows(b.data, start, len(b.frames) - start):
+                    buf[at : at + len(rows)] = cp.asarray(rows, dtype=buf.dtype)
+                    at += len(rows)
             if at < i.batch:
                 buf[at:] = 0
             ready = cp.cuda.Event(block=False, disable_timing=True)
@@ -297,6 +298,23 @@ class Batcher:
         for b, _ in parts:
             b.done()
         return Batch(name, frames, buf, ready=ready, snap_rows=snaps)
+
+
+def _whole(b: Batch, batch: int) -> bool:
+    """Whether a batch's data is one array of the model's batch (the engine runs it as it is)."""
+    return not isinstance(b.data, list) and int(b.data.shape[0]) == batch
+
+
+def _on_host(data: Any) -> bool:
+    return all(isinstance(d, np.ndarray) for d in data) if isinstance(data, list) else isinstance(data, np.ndarray)
+
+
+def _rows(data: Any, start: int, n: int) -> list[Any]:
+    """Rows start..start+n-1 of a batch's data as arrays of rows: one slice of an array, or the slots of a
+    list of one-row views (a live feed read by a decode worker: stream/sources/live_workers.py)."""
+    if isinstance(data, list):
+        return list(data[start : start + n])
+    return [data[start : start + n]]
 
 
 def due_at(parts: list[Batch]) -> float:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 from stream.config import Config
 from stream.core.frames import BatchSource, Engine, Sink
@@ -34,6 +35,9 @@ from stream.engines.model_cache import cache_root
 from stream.sinks.curve import ServerKeys, server_keys
 from stream.sinks.publish import Publisher
 from stream.sources.naming import Source, expand
+
+if TYPE_CHECKING:
+    from stream.sources.live_workers import LiveWorkers
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +78,15 @@ def resolve(cfg: Config) -> tuple[list[Source], ModelInfo, ShardView | None]:
     return sources, info, view
 
 
+def live_workers_for(cfg: Config, info: ModelInfo, device: str) -> LiveWorkers | None:
+    """The run's decode worker processes for live feeds (started as feeds come), or None: threads read them."""
+    from stream.engines.cores import usable_cores
+    from stream.sources.live_workers import LiveWorkers, max_workers
+
+    most = max_workers(cfg.live_workers, device, usable_cores())
+    return LiveWorkers(cfg, info, device, most) if most > 0 else None
+
+
 def newest_source(sources: list[Source], stream_id: str) -> Source | None:
     """The source a stream id names now (Runner.add appends to the list; a re-added id is its last entry)."""
     return next((s for s in reversed(sources) if s.id == stream_id), None)
@@ -93,6 +106,7 @@ class Run:
     sink: Sink  # what the runner sends to: the publisher or the caller's sink, wrapped as asked
     runner: Runner
     _closers: list[Callable[[], object]] = field(default_factory=list)
+    live: LiveWorkers | None = None  # the decode worker processes of live feeds, where the run has them
 
     @property
     def endpoint(self) -> str:
@@ -166,8 +180,12 @@ async def build_run(
         closers.append(annotating.close)
         sink = annotating
 
+    live = live_workers_for(cfg, info, engine.device)
+    if live is not None:
+        closers.append(live.close)
+
     def open_source(src: Source) -> BatchSource:
-        bsrc = make_source(src, info, engine.device, cfg)
+        bsrc = make_source(src, info, engine.device, cfg, live)
         return wrap_source(src, bsrc) if wrap_source is not None else bsrc
 
     runner = Runner(
@@ -180,8 +198,9 @@ async def build_run(
         source_factory=open_source,
         instrument=instrument,
         keep_running=keep_running,
+        opens_on_loop=(lambda src: src.live) if live is not None else None,
     )
     runner.status.shard = view
     stages.mark("publisher and runner")
     stages.log("run built")
-    return Run(cfg, sources, info, device, engine, keys, publisher, sink, runner, closers)
+    return Run(cfg, sources, info, device, engine, keys, publisher, sink, runner, closers, live)

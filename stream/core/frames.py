@@ -33,7 +33,9 @@ class FrameMeta:
 class Batch:
     stream: str
     frames: list[FrameMeta]  # the valid rows of data, in order; rows past len(frames) are padding
-    data: Array  # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device)
+    # [model batch, 3, H, W] in the model's dtype: numpy (host) or cupy (device); or a list of [1, 3, H, W] rows
+    # (the slots a decode worker wrote: stream/sources/live_workers.py), which the batcher stacks
+    data: Array
     ready: CudaEvent | None = None  # recorded once data is written (device batches only)
     release: Callable[[], None] | None = None  # hands data's buffer back to its pool after inference
     snap_rows: tuple[

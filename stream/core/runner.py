@@ -45,6 +45,7 @@ class Runner:
         source_factory: Callable[[Source], BatchSource] | None = None,
         instrument: Instrument | None = None,
         keep_running: bool = False,
+        opens_on_loop: Callable[[Source], bool] | None = None,
     ) -> None:
         if source_factory is None:
             from stream.sources.registry import make_source
@@ -61,6 +62,7 @@ class Runner:
         self.open_source = source_factory
         self.instrument = instrument or Instrument()
         self.keep_running = keep_running
+        self.opens_on_loop = opens_on_loop or (lambda src: False)
         self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
         self.batcher = Batcher(engine, info, cfg.batch_timeout_ms / 1000.0, instrument=self.instrument)
         self.status = RunStatus(self.stats, info, lambda: (self.running, self.stopping.is_set()))
@@ -138,6 +140,7 @@ class Runner:
             stopping=self.stopping,
             instrument=self.instrument,
             progress=self.progress,
+            opens_on_loop=self.opens_on_loop(src),
         )
         self._origin[src.id] = origin
         self._streams[src.id] = (work, self._tg.create_task(work.run(), name=f"stream-{src.id}"))

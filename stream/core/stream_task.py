@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol, TypeGuard
 
@@ -82,8 +82,11 @@ class StreamTask:
         stopping: asyncio.Event,
         instrument: Instrument,
         progress: ProgressFn | None = None,
+        opens_on_loop: bool = False,
     ) -> None:
         self.src = src
+        # a live feed read by a decode worker process: opened and iterated on the loop, no thread of its own
+        self.opens_on_loop = opens_on_loop
         self.st = stats
         self.open_source = open_source
         self.batcher = batcher
@@ -117,7 +120,10 @@ class StreamTask:
         watcher: asyncio.Task[None] | None = None
         states: _States | None = None
         try:
-            bsrc = await loop.run_in_executor(self._io, self.open_source, src)
+            if self.opens_on_loop:
+                bsrc = self.open_source(src)
+            else:
+                bsrc = await loop.run_in_executor(self._io, self.open_source, src)
             st.expected = bsrc.frames_expected
             if src.live and _has_callbacks(bsrc):
                 states = self._hook_live(bsrc)
@@ -160,13 +166,12 @@ class StreamTask:
             self._io.shutdown(wait=False, cancel_futures=True)
 
     async def _produce(self, bsrc: BatchSource, inflight: _Inflight) -> None:
-        loop = asyncio.get_running_loop()
         st = self.st
-        it = iter(bsrc)
+        take = _taker(bsrc, self._io)
         try:
             while not self.stopping:
                 t0 = time.perf_counter()
-                batch = await loop.run_in_executor(self._io, next, it, None)
+                batch = await take()
                 if batch is None:
                     break
                 self.read_frames += len(batch.frames)
@@ -297,6 +302,28 @@ class StreamTask:
                     states.task_done()
         finally:
             await _cancel(closer)
+
+
+def _taker(bsrc: BatchSource, io: ThreadPoolExecutor) -> Callable[[], Awaitable[Batch | None]]:
+    """The next batch of a source, None at its end: on the loop for a source iterated there (`__aiter__`: a
+    live feed a decode worker reads), else in the stream's own thread."""
+    if hasattr(bsrc, "__aiter__"):
+        ait = bsrc.__aiter__()
+
+        async def take_async() -> Batch | None:
+            try:
+                return await ait.__anext__()
+            except StopAsyncIteration:
+                return None
+
+        return take_async
+    it = iter(bsrc)
+    loop = asyncio.get_running_loop()
+
+    def take() -> Awaitable[Batch | None]:
+        return loop.run_in_executor(io, next, it, None)
+
+    return take
 
 
 async def _cancel(task: asyncio.Task[object] | None) -> None:

@@ -28,13 +28,14 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def setup_logging(level: str, fmt: str = "text", worker: int | None = None) -> None:
-    """The root logger to stderr at `level`, as text or JSON; a worker process's lines carry its number."""
+def setup_logging(level: str, fmt: str = "text", worker: int | None = None, kind: str = "worker") -> None:
+    """The root logger to stderr at `level`, as text or JSON; a worker process's lines carry its kind and
+    number ("worker 1": a device worker of the supervisor; "decode-worker 0": a live-feed decode process)."""
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
-        handler.setFormatter(JsonFormatter({"worker": worker} if worker is not None else None))
+        handler.setFormatter(JsonFormatter({kind.replace("-", "_"): worker} if worker is not None else None))
     else:
-        who = f"worker {worker} " if worker is not None else ""
+        who = f"{kind} {worker} " if worker is not None else ""
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname)-7s {who}%(name)s: %(message)s"))
     root = logging.getLogger()
     root.handlers[:] = [handler]

@@ -95,7 +95,7 @@ class _Fatal(Exception):
 
 
 @dataclass
-class _Pending:
+class Pending:
     data: Any  # numpy (HostRows) or cupy (DeviceRows) [batch, 3, H, W]
     rows: Any  # the row strategy that owns data
     frames: list[FrameMeta] = field(default_factory=list)
@@ -134,6 +134,9 @@ class LiveBatchSource:
         device: str = "cpu",
         on_drop: Callable[[str, int], None] | None = None,
         on_reconnect: Callable[[], None] | None = None,
+        wrap_rows: Callable[[Any], Any] | None = None,
+        on_ready: Callable[[Pending], None] | None = None,
+        start_index: int = 0,
     ) -> None:
         self.stream = src.id
         self.src = src
@@ -149,7 +152,11 @@ class LiveBatchSource:
         self._where = f"stream {src.id}: url {redact(src.location)}"
         self._batch = info.batch
         self._pool = max(1, pool)
-        self._host_rows = HostRows(info)
+        # a decode worker process (stream/sources/live_workers.py) puts its row strategies' buffers in slot
+        # rings and takes each full batch as it is made (on_ready) instead of iterating this source
+        self._wrap = wrap_rows or (lambda rows: rows)
+        self.on_ready = on_ready
+        self._host_rows = self._wrap(HostRows(info))
         self._colours = StreamColour(self._where)  # the CPU route's conversion, logged when found or changed
         self._dev_rows: Any = None
         self._nvdec_colour: Colour | None = None  # the NVDEC route's conversion, as last logged
@@ -157,14 +164,14 @@ class LiveBatchSource:
         self._rows: Any = self._host_rows  # the row strategy in use: HostRows, or DeviceRows on the NVDEC route
         if self.route == "nvdec":
             self._rows = self._dev_rows
-        self._free = [self._rows.new_batch() for _ in range(self._pool)]
+        self._free = self._pool_of(self._rows)
         self._cond = threading.Condition()
-        self._ready: deque[_Pending] = deque()
-        self._filling: _Pending | None = None
+        self._ready: deque[Pending] = deque()
+        self._filling: Pending | None = None
         self._error: SourceError | None = None
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
-        self._index = 0  # FrameMeta.index: counts on across reconnects
+        self._index = start_index  # FrameMeta.index: counts on across reconnects (and worker restarts)
         self._rate = DetectRate(detect_fps_of(src, cfg))  # which decoded frames go on to the model
 
     def _choose_route(self, device: str) -> str:
@@ -181,7 +188,7 @@ class LiveBatchSource:
             try:
                 from stream.sources.nvdec import DeviceRows
 
-                self._dev_rows = DeviceRows(self.info, self.cfg.device_id)
+                self._dev_rows = self._wrap(DeviceRows(self.info, self.cfg.device_id))
             except Exception as exc:  # cupy present but unusable for this
                 why = f"CuPy cannot hold its batches ({first_line(exc)})"
         if why is None:
@@ -217,7 +224,7 @@ class LiveBatchSource:
             if batch is not None:
                 yield batch
 
-    def _fresh(self, p: _Pending) -> Batch | None:
+    def _fresh(self, p: Pending) -> Batch | None:
         """Drop the frames that are too old by now (a prefix: frames are in arrival order)."""
         now = time.time()
         limit = self.cfg.max_staleness_ms / 1000.0
@@ -256,7 +263,7 @@ class LiveBatchSource:
         """Fill batches of `rows` from now on (the NVDEC route fell back to the CPU, or the reverse)."""
         if rows is self._rows:
             return
-        fresh = [rows.new_batch() for _ in range(self._pool)]
+        fresh = self._pool_of(rows)
         with self._cond:
             p = self._filling
             if p is not None and p.frames:  # what the old route decoded is still handed out
@@ -265,6 +272,12 @@ class LiveBatchSource:
             self._rows = rows
             self._free = fresh
             self._cond.notify_all()
+
+    def _pool_of(self, rows: Any) -> list[Any]:
+        """The buffers a route fills: new ones, or the free slots of a worker's ring (SlotRows.pool)."""
+        if hasattr(rows, "pool"):
+            return list(rows.pool(self._pool))
+        return [rows.new_batch() for _ in range(self._pool)]
 
     def close(self) -> None:
         """End iteration now. The reader thread leaves at its next packet or timeout (it is a daemon)."""
@@ -491,15 +504,18 @@ class LiveBatchSource:
                 if not self._free or rows is not self._rows:
                     p = None
                 else:
-                    p = self._filling = _Pending(self._free.pop(), rows)
+                    p = self._filling = Pending(self._free.pop(), rows)
             if p is not None:
                 # filled under the lock: the consumer may take a partial batch at any moment (on the device
                 # this enqueues the row's kernels on the source's stream)
                 rows.fill(p.data, len(p.frames), item)
                 p.frames.append(meta)
                 if len(p.frames) == self._batch:
-                    self._ready.append(p)
                     self._filling = None
+                    if self.on_ready is not None:
+                        self.on_ready(p)
+                    else:
+                        self._ready.append(p)
                 self._cond.notify_all()
         if p is None:
             self._drop("no_buffer")

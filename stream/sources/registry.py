@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from stream.config import Config
 from stream.core.frames import BatchSource
@@ -20,6 +21,9 @@ from stream.engines.model import ModelInfo
 from stream.errors import SourceError, StreamError
 from stream.sources.naming import Source, redact
 from stream.sources.rate import detect_fps_of
+
+if TYPE_CHECKING:
+    from stream.sources.live_workers import LiveWorkers
 
 log = logging.getLogger(__name__)
 
@@ -33,18 +37,24 @@ def pool_size(cfg: Config, device: str) -> int:
     return cfg.queue_batches + (cfg.buffers if device == "cuda" else CPU_POOL_SLOTS) + 1
 
 
-def make_source(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
-    """A stream's batch source; files with `loop` (or cfg.loop) are replayed forever."""
+def make_source(
+    src: Source, info: ModelInfo, device: str, cfg: Config, live_workers: LiveWorkers | None = None
+) -> BatchSource:
+    """A stream's batch source; files with `loop` (or cfg.loop) are replayed forever; live feeds go to the
+    run's decode worker processes where it has them (`live_workers`)."""
     if not src.live and (src.loop or cfg.loop):
         from stream.sources.looping import LoopingSource
 
         return LoopingSource(lambda: make_one_pass(src, info, device, cfg))
-    return make_one_pass(src, info, device, cfg)
+    return make_one_pass(src, info, device, cfg, live_workers)
 
 
-def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> BatchSource:
+def make_one_pass(
+    src: Source, info: ModelInfo, device: str, cfg: Config, live_workers: LiveWorkers | None = None
+) -> BatchSource:
     """Registry of decoders: DALI on NVDEC for H.264/HEVC files on CUDA, PyNvVideoCodec on NVDEC for live
-    H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else."""
+    H.264/HEVC feeds on CUDA (`live_decode`), PyAV everywhere else; live feeds in decode worker processes
+    where the run has them."""
     pool = pool_size(cfg, device)
     detect_fps = detect_fps_of(src, cfg)
     if device == "cuda" and not src.live and detect_fps > 0:
@@ -84,6 +94,8 @@ def make_one_pass(src: Source, info: ModelInfo, device: str, cfg: Config) -> Bat
                 stream=src.id,
             )
 
+        if live_workers is not None:
+            return live_workers.open(src)
         return LiveBatchSource(src, info, cfg, pool=pool, device=device)
     from stream.sources.host import HostBatchSource
 

@@ -117,6 +117,18 @@ class Timed:
         return [m["frame"] for m in self.of(sid, "detections")]
 
 
+# Every test here runs twice: live feeds read by threads of the daemon's process (live_workers = 0, the CPU's
+# default) and by a decode worker process (live_workers = 1: shared-memory slots, stream/sources/live_workers.py).
+_LIVE_WORKERS = ["0"]
+
+
+@pytest.fixture(autouse=True, params=["0", "1"], ids=["threads", "decode-process"])
+def live_workers(request: pytest.FixtureRequest) -> Iterator[str]:
+    _LIVE_WORKERS[0] = request.param
+    yield request.param
+    _LIVE_WORKERS[0] = "0"
+
+
 def start_run(endpoint: str, sources: list[str], *extra: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
@@ -133,6 +145,8 @@ def start_run(endpoint: str, sources: list[str], *extra: str) -> subprocess.Pope
             "1",
             "--progress",
             "off",
+            "--live-workers",
+            _LIVE_WORKERS[0],
             *extra,
         ],
         stdout=subprocess.PIPE,
@@ -396,7 +410,7 @@ def test_max_reconnects_fails_the_stream_alone(videos: dict[str, Path], tmp_path
     sub.join()
     assert proc.returncode == 1, err
     states = [s for _, s, _ in sub.states("gone")]
-    assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", states
+    assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", (states, err[-3000:])
     assert sub.of("file", "eos") and len(sub.frames("file")) == sub.of("file", "eos")[0]["frames"]
 
 
