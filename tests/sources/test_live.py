@@ -410,7 +410,10 @@ def test_max_reconnects_fails_the_stream_alone(videos: dict[str, Path], tmp_path
     sub.join()
     assert proc.returncode == 1, err
     states = [s for _, s, _ in sub.states("gone")]
-    assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", (states, err[-3000:])
+    assert states[0] == "connecting" and states.count("reconnecting") >= 2 and states[-1] == "failed", (
+        states,
+        err[-3000:],
+    )
     assert sub.of("file", "eos") and len(sub.frames("file")) == sub.of("file", "eos")[0]["frames"]
 
 
