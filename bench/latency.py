@@ -187,16 +187,36 @@ async def serve(spec: dict[str, Any]) -> None:
         if spec["mode"] == "paced":
             install_paced_open()
         made: dict[str, Any] = {}
+        from stream.engines.cores import usable_cores
+        from stream.sources.live_workers import LiveWorkers, max_workers
+
+        most = max_workers(cfg.live_workers, engine.device, usable_cores())
+        workers = None
+        if most > 0:  # live feeds read by decode worker processes; paced: the pacing installed there too
+            setup = install_paced_open if spec["mode"] == "paced" else None
+            workers = LiveWorkers(cfg, info, engine.device, most, worker_setup=setup)
 
         def factory(s: Source) -> Any:
-            if spec["mode"] == "paced":
+            if workers is not None:
+                bsrc = workers.open(s)
+            elif spec["mode"] == "paced":
                 bsrc = live_source(s, info, cfg, pool, engine.device)
             else:
                 bsrc = make_source(s, info, engine.device, cfg)
             made[s.id] = bsrc
             return bsrc
 
-        runner = Runner(cfg, [], info, engine, pub, instrument=metrics, source_factory=factory, keep_running=True)
+        runner = Runner(
+            cfg,
+            [],
+            info,
+            engine,
+            pub,
+            instrument=metrics,
+            source_factory=factory,
+            keep_running=True,
+            opens_on_loop=(lambda s: s.live) if workers is not None else None,
+        )
         metrics.health_from(runner.status.health)
         task = asyncio.create_task(runner.run())
         loop = asyncio.get_running_loop()
@@ -225,13 +245,25 @@ async def serve(spec: dict[str, Any]) -> None:
                 while any(runner.stats[sid].state not in ("completed", "failed", "cancelled") for sid in sids):
                     await asyncio.sleep(0.05)
                 # frames each live source read (its frame counter): published + dropped + still queued at removal
-                read = {sid: int(getattr(made.get(sid), "_index", -1)) for sid in sids}
+                read = {sid: _read_count(made.get(sid)) for sid in sids}
                 print(json.dumps({"tag": words[1], "read": read}), flush=True)
         await task
+        if workers is not None:
+            await workers.close()
     finally:
         await pub.close()
         engine.close()
         metrics.stop()
+
+
+def _read_count(bsrc: Any) -> int:
+    """Frames a live source read (its frame counter): a thread's LiveBatchSource, or a decode worker's feed
+    (the engine's side knows the next frame number it was sent; frames dropped in the worker count there)."""
+    if bsrc is None:
+        return -1
+    if hasattr(bsrc, "next_index"):
+        return int(bsrc.next_index)
+    return int(getattr(bsrc, "_index", -1))
 
 
 def child_main(spec_json: str) -> None:
@@ -327,8 +359,9 @@ class Daemon:
         warm: Path,
         tmp: Path,
         overrides: dict[str, Any],
+        kind: str | None = None,
     ) -> None:
-        self.a, self.mode = a, mode
+        self.a, self.mode = a, mode  # mode: the label of this daemon's rows; kind: rtsp or paced
         self.m_port = free_port()
         endpoint = f"tcp://127.0.0.1:{free_port()}"
         cfgd = {
@@ -342,8 +375,8 @@ class Daemon:
             "linger_s": 2.0,
             **overrides,
         }
-        spec = {"config": cfgd, "mode": mode, "location": location, "fps": fps, "warm": str(warm)}
-        self.log = tmp / f"daemon-{mode}.log"
+        spec = {"config": cfgd, "mode": kind or mode, "location": location, "fps": fps, "warm": str(warm)}
+        self.log = tmp / f"daemon-{re.sub(r'[^A-Za-z0-9]+', '-', mode)}.log"
         self.sub = Subscriber(endpoint)
         with open(self.log, "w") as errf:
             self.proc = subprocess.Popen(
@@ -635,6 +668,14 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=3.0, help="seconds after every feed's first frame, not measured")
     ap.add_argument("--buffers", type=int, default=config.Config.buffers, help="default: the daemon's")
     ap.add_argument("--startup-timeout", type=float, default=120.0)
+    ap.add_argument(
+        "--live-workers",
+        nargs="+",
+        default=None,
+        metavar="N",
+        help="A/B: one daemon per value of live_workers (0: threads; auto; a number of decode processes), "
+        "each running every --feeds point; default: the config's",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: latency histogram, one series per point")
@@ -718,8 +759,11 @@ def main() -> None:
             f"max_staleness_ms {cfg.max_staleness_ms}; {os.cpu_count()} CPUs",
             flush=True,
         )
-        for mode, location, fps, warm in plan:
-            daemon = Daemon(a, mode, location, fps, warm, tmp, overrides)
+        runs = [(m, loc, fps, warm, w) for m, loc, fps, warm in plan for w in (a.live_workers or [None])]
+        for mode, location, fps, warm, workers in runs:
+            sets = dict(overrides) if workers is None else {**overrides, "live_workers": workers}
+            label = mode if workers is None else f"{mode}, " + ("threads" if workers == "0" else f"workers {workers}")
+            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode)
             try:
                 for n in a.feeds:
                     p = daemon.point(n)

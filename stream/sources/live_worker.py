@@ -7,7 +7,8 @@ its buffers are the slots of the feed's rings (`SlotRows`: one frame per slot, s
 
 Records to the engine (over the worker's pipe, stream/sources/live_workers.py):
     ("frame", feed, ring kind, slot, index, pts_s, captured_at, width, height)
-    ("state", feed, state, error)   ("drop", feed, reason, n)   ("reconnect", feed)
+    ("state", feed, state, error)   ("drop", feed, reason, n, frames read so far)   ("reconnect", feed)
+    ("removed", feed): the feed's reader has ended and its rings are unmapped
 From the engine:
     ("free", feed, ring kind, slot)   ("add", FeedSpec)   ("remove", feed)   ("stop",)
 
@@ -23,7 +24,7 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -54,6 +55,7 @@ class WorkerSpec:
     info: ModelInfo
     device: str
     feeds: list[FeedSpec]
+    setup: Callable[[], None] | None = None  # run first in the process (a benchmark's or a test's seam)
 
 
 class SlotRows:
@@ -110,7 +112,7 @@ class _Feed:
             pool=spec.rings["host"].slots,
             device=w.device,
             on_state=lambda state, error: out.put((None, ("state", self.id, state, error))),
-            on_drop=lambda reason, n: out.put((None, ("drop", self.id, reason, n))),
+            on_drop=lambda reason, n: out.put((None, ("drop", self.id, reason, n, self.src._index))),
             on_reconnect=lambda: out.put((None, ("reconnect", self.id))),
             wrap_rows=self._wrap,
             on_ready=self._ready,
@@ -240,6 +242,8 @@ def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     from stream.daemon.logs import setup_logging
 
     setup_logging(spec.cfg.log_level, spec.cfg.log_format, worker=spec.index, kind="decode-worker")
+    if spec.setup is not None:
+        spec.setup()
     w = Worker(spec, conn)
     sender = threading.Thread(target=w.send_loop, name="records", daemon=True)
     sender.start()

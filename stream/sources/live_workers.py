@@ -29,7 +29,7 @@ import logging
 import multiprocessing
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
@@ -96,7 +96,7 @@ class RemoteFeed:
         self.reconnects = 0
         self.state = "starting"
         self.held: dict[str, set[int]] = {k: set() for k in rings}  # slots in this process's hands
-        self.next_index = 0  # where `frame` goes on after a worker restart
+        self.next_index = 0  # frames the feed read (sent or dropped there): where `frame` goes on after a restart
         self.worker: _Proc | None = None
         self._queue: deque[tuple[str, int, FrameMeta]] = deque()
         self._wake = asyncio.Event()
@@ -219,8 +219,11 @@ class RemoteFeed:
 class LiveWorkers:
     """The run's decode worker processes (started as feeds come) and the feeds they read."""
 
-    def __init__(self, cfg: Config, info: ModelInfo, device: str, most: int) -> None:
+    def __init__(
+        self, cfg: Config, info: ModelInfo, device: str, most: int, worker_setup: Callable[[], None] | None = None
+    ) -> None:
         self.cfg = cfg
+        self.worker_setup = worker_setup  # run first in each worker process (picklable: a module-level function)
         self.info = info
         self.device = device
         self.most = max(1, most)
@@ -318,7 +321,15 @@ class LiveWorkers:
         generation = old.generation + 1 if old is not None else 0
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe(duplex=True)
-        spec = WorkerSpec(index, generation, self.cfg, self.info, self.device, [self._feed_spec(f) for f in feeds])
+        spec = WorkerSpec(
+            index,
+            generation,
+            self.cfg,
+            self.info,
+            self.device,
+            [self._feed_spec(f) for f in feeds],
+            setup=self.worker_setup,
+        )
         proc = ctx.Process(target=worker_main, args=(spec, theirs), name=f"decode-worker-{index}", daemon=True)
         proc.start()
         theirs.close()
@@ -366,6 +377,7 @@ class LiveWorkers:
         elif what == "state":
             feed.set_state(rec[2], rec[3])
         elif what == "drop":
+            feed.next_index = max(feed.next_index, rec[4])
             feed.count_drop(rec[2], rec[3])
         elif what == "reconnect":
             feed.reconnected()

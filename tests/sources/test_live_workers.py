@@ -166,13 +166,10 @@ async def _until(cond: Any, timeout_s: float, what: str) -> None:
         await asyncio.sleep(0.05)
 
 
-@needs_rtsp
-def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
-    server: RtspServer, videos: dict[str, Path]
-) -> None:
-    """In process: the feed has no thread in the engine process; SIGKILL its decode worker: `reconnecting`
-    (saying why), then `connecting` and `streaming` from a new process, frames numbered on; the new process
-    gets every slot the engine does not hold; the file beside it publishes every frame once."""
+def kill_a_decode_worker(live_url: str, file: Path, **keys: Any) -> dict[str, Any]:
+    """In process (build_run): a live feed read by a decode worker beside a file; once the feed has published
+    15 frames, SIGKILL the worker; wait until the feed streams again and has published more frames than it has
+    slots; stop once the file has ended. Returns what the checks below need (also used on the GPU path)."""
     from stream.core.build import build_run
     from stream.sources import live_workers as lw
 
@@ -180,24 +177,22 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
     real_start = lw.LiveWorkers._start
 
     def spy(self: Any, index: int, feeds: list[Any]) -> None:
-        given.append(
-            ([self._feed_spec(f) for f in feeds], {f.stream: {k: set(v) for k, v in f.held.items()} for f in feeds})
-        )
+        held = {f.stream: {k: set(v) for k, v in f.held.items()} for f in feeds}
+        given.append(([self._feed_spec(f) for f in feeds], held))
         real_start(self, index, feeds)
 
     cfg = config.load(
         None,
         {
-            "sources": [f"cam={server.url()}", f"file={videos['plain']}"],
-            "device": "cpu",
+            "sources": [f"cam={live_url}", f"file={file}"],
             "live_workers": 1,
             "reconnect_initial_s": 0.2,
-            "loop": False,
             "progress": "off",
+            **keys,
         },
     )
     sink = _Sink()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"sink": sink, "given": given}
 
     async def main() -> None:
         lw.LiveWorkers._start = spy  # type: ignore[method-assign]
@@ -205,7 +200,7 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
             run = await build_run(cfg, sink=sink, keep_running=True)
             async with run:
                 task = asyncio.create_task(run.runner.run())
-                await _until(lambda: len(sink.frames("cam")) >= 15, 60, "15 live frames")
+                await _until(lambda: len(sink.frames("cam")) >= 15, 90, "15 live frames")
                 out["threads"] = [t.name for t in threading.enumerate()]
                 assert run.live is not None
                 w = run.live.procs[0]
@@ -219,19 +214,24 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
                         "streaming" in [s for s, _ in sink.states("cam")[before:]]
                         and max(sink.frames("cam")) > last + 2 * lw.slots_per_feed(run.info)
                     ),
-                    60,
+                    90,
                     "streaming again from a new decode worker, and more frames than it has slots",
                 )
                 new = run.live.procs[0]
                 assert new is not None and new.proc.pid != out["pid"] and new.alive
                 out["after"] = sink.states("cam")[before:]
-                await _until(lambda: bool(sink.of("file", "eos")), 60, "the file's eos")
+                await _until(lambda: bool(sink.of("file", "eos")), 90, "the file's eos")
                 run.runner.stop()
                 await task
         finally:
             lw.LiveWorkers._start = real_start  # type: ignore[method-assign]
 
     asyncio.run(main())
+    return out
+
+
+def check_killed_worker(out: dict[str, Any], file: Path) -> None:
+    sink, given = out["sink"], out["given"]
     assert not [n for n in out["threads"] if n.startswith(("live-cam", "decode-cam"))], out["threads"]
     after = out["after"]
     assert after[0][0] == "reconnecting" and "decode worker exited (killed by signal 9)" in (after[0][1] or ""), after
@@ -247,10 +247,21 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
         assert set(free) | held[kind] == set(range(spec.rings[kind].slots)), "every slot the engine does not hold"
         assert not set(free) & held[kind]
     assert spec.start_index > out["last"], "the new process numbers frames on from the last one received"
-    n = decoded_frames(videos["plain"])
+    n = decoded_frames(file)
     assert sink.frames("file") == list(range(n))
     assert sink.of("file")[-1] == {"v": 1, "type": "eos", "stream": "file", "frames": n, "read": n, "dropped": 0}
     assert not glob.glob(f"/dev/shm/stream-{os.getpid()}-*"), "every ring is unlinked at the end of the run"
+
+
+@needs_rtsp
+def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
+    server: RtspServer, videos: dict[str, Path]
+) -> None:
+    """The feed has no thread in the engine process; SIGKILL its decode worker: `reconnecting` (saying why),
+    then `connecting` and `streaming` from a new process, frames numbered on; the new process gets every slot
+    the engine does not hold; the file beside it publishes every frame once."""
+    out = kill_a_decode_worker(server.url(), videos["plain"], device="cpu")
+    check_killed_worker(out, videos["plain"])
 
 
 @needs_rtsp

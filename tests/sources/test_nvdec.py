@@ -353,13 +353,13 @@ def test_stale_rows_shift_through_the_row_strategy(model_info: Any) -> None:
         def ready(self) -> str:
             return "event"
 
-    from stream.sources.live import _Pending
+    from stream.sources.live import Pending
 
     rows = Rows()
     data = np.arange(4, dtype=np.float32).reshape(4, 1, 1, 1) * np.ones((1, 3, 2, 2), np.float32)
     now = time.time()
     metas = [FrameMeta(i, None, now - (5.0 if i < 2 else 0.0), 2, 2) for i in range(3)]
-    batch = src._fresh(_Pending(data, rows, metas))
+    batch = src._fresh(Pending(data, rows, metas))
     assert batch is not None and [m.index for m in batch.frames] == [2] and rows.shifts == [(2, 1)]
     assert batch.ready == "event" and float(batch.data[0, 0, 0, 0]) == 2.0
     assert src.dropped == {"stale": 2}
