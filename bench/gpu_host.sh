@@ -7,6 +7,8 @@
 #   bash bench/gpu_host.sh bench     ours against the naive loop: bench/postprocess.py (8 streams), bench/throughput.py
 #   bash bench/gpu_host.sh sweep     streams and buffers: bench/streams.py
 #   bash bench/gpu_host.sh latency   live feeds, capture to subscriber: bench/latency.py (paced 1080p30 feeds)
+#   bash bench/gpu_host.sh workers   live feeds read by threads against decode worker processes (A/B), 8 to 32
+#                                    feeds, then 48 feeds at detect_fps 8
 #   bash bench/gpu_host.sh soak      files and a live feed for MINUTES (default 10) with faults injected: bench/soak.py
 #   bash bench/gpu_host.sh all       check, export, test, bench
 #
@@ -78,7 +80,7 @@ need() {
 gpu_tests() {
   need "device 8 fp32" "device 8 fp16"  # tests/gpu/test_gpu_postprocess.py takes them from $STREAM_TEST_MODELS
   local rc
-  STREAM_TEST_MODELS=$MODELS timeout 580 python3 -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu \
+  STREAM_TEST_MODELS=$MODELS timeout "${TEST_TIMEOUT:-580}" python3 -m pytest -q -s -p no:cacheprovider -rs -m gpu tests/gpu \
     tests/sources/test_nvdec.py tests/daemon/test_workers.py > "$OUT/pytest-gpu.txt" 2>&1
   rc=$?
   grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -20
@@ -120,6 +122,20 @@ latency() {
   grep -E "^paced|^\| paced" "$OUT/latency-cuda.txt"
 }
 
+workers() {
+  # the live-feed A/B: today's reader threads against decode worker processes (live_workers auto), paced
+  # 1080p30 feeds, one run; then 48 feeds at detect_fps 8 (384 of 1,440 decoded frames a second to the model)
+  need "device 8 fp16"
+  timeout 400 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
+    --modes paced --feeds 8 16 24 32 --seconds 8 --warmup 3 --live-workers 0 auto \
+    --json "$OUT/workers-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/workers-cuda.txt"
+  grep -E "^\| paced" "$OUT/workers-cuda.txt"
+  timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
+    --modes paced --feeds 48 --seconds 8 --warmup 3 --live-workers auto --set detect_fps=8 \
+    --json "$OUT/workers-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/workers-48-cuda.txt"
+  grep -E "^\| paced" "$OUT/workers-48-cuda.txt"
+}
+
 soak() {
   # 4 looped 1080p files and a paced live feed for MINUTES, faults injected; the daemon's log (with SIGUSR1
   # stack dumps) comes back beside the table
@@ -137,7 +153,8 @@ case $what in
   bench) bench ;;
   sweep) sweep ;;
   latency) latency ;;
+  workers) workers ;;
   soak) soak ;;
   all) check; export_models; gpu_tests; bench ;;
-  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|soak|all" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|workers|soak|all" >&2; exit 2 ;;
 esac

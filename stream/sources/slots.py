@@ -7,7 +7,8 @@ converts a frame straight into a free slot, and sends a small record naming the 
 slot in place (stacked into the inference batch) and tells the worker when it is free again.
 
 Decision record:
-- Host rings are a file under /dev/shm (the temp folder where there is none) mapped by both processes: plain
+- Host rings are a file under /dev/shm (the temp folder where there is none or it is full: its space is
+  reserved up front, so a full /dev/shm is an error at allocation, not a SIGBUS later) mapped by both processes: plain
   mmap, not multiprocessing.shared_memory, whose resource tracker (Python 3.11/3.12) unlinks a segment that a
   child process attached to when that child exits, which is exactly what a restarted worker must not do.
   The engine unlinks the file when the feed ends.
@@ -60,16 +61,33 @@ def _shm_dir() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
+def _reserve(prefix: str, nbytes: int) -> tuple[int, str]:
+    """A file of `nbytes` with its space reserved (posix_fallocate: a full /dev/shm fails here, not later as
+    a SIGBUS in a worker writing a slot), in /dev/shm, else in the temp folder."""
+    errors = []
+    for folder in dict.fromkeys([_shm_dir(), tempfile.gettempdir()]):
+        fd, path = tempfile.mkstemp(prefix=prefix, dir=folder)
+        try:
+            os.posix_fallocate(fd, 0, nbytes)
+            return fd, path
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            errors.append(f"{folder}: {exc.strerror or exc}")
+    raise OSError(f"no room for {nbytes / 1e6:.1f} MB of frame slots ({'; '.join(errors)})")
+
+
 class HostRing:
     """A host ring the engine owns: `view(slot)` is a [1, 3, H, W] numpy view of one slot."""
 
     def __init__(self, info: ModelInfo, slots: int, tag: str = "feed") -> None:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in tag)[:40]
-        fd, path = tempfile.mkstemp(prefix=f"stream-{os.getpid()}-{safe}-", dir=_shm_dir())
-        self.spec = RingSpec("host", slots, (3, info.height, info.width), str(np.dtype(info.dtype)), path=path)
+        shape = (3, info.height, info.width)
+        nbytes = slots * int(np.prod(shape)) * np.dtype(info.dtype).itemsize
+        fd, path = _reserve(f"stream-{os.getpid()}-{safe}-", nbytes)
+        self.spec = RingSpec("host", slots, shape, str(np.dtype(info.dtype)), path=path)
         try:
-            os.ftruncate(fd, self.spec.nbytes)
-            self._map = mmap.mmap(fd, self.spec.nbytes)
+            self._map = mmap.mmap(fd, nbytes)
         finally:
             os.close(fd)
         self.array = _rows(np.frombuffer(self._map, dtype=self.spec.dtype), self.spec)
