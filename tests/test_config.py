@@ -144,6 +144,7 @@ def test_run_flags_are_the_keys_flags() -> None:
         "--device",
         "--device-id",
         "--devices",
+        "--live-workers",
         "--publish",
         "--format",
         "--wait-subscribers",

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from stream import __version__
-from stream.daemon.logs import setup_logging
 from stream.daemon.loop import run_loop
 from stream.errors import StreamError
+from stream.logs import setup_logging
 
 if TYPE_CHECKING:
     from stream.client import SeqGaps

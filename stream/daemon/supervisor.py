@@ -51,11 +51,11 @@ from stream.core.build import build_run, resolve
 from stream.core.frames import Batch, BatchSource, Sink
 from stream.core.lifecycle import capture_signals, stop_after
 from stream.core.stats import ProgressFn, RunResult, StreamStats
-from stream.daemon.logs import setup_logging
 from stream.daemon.loop import run_loop
 from stream.daemon.malloc import set_mmap_threshold
 from stream.engines.cores import usable_cores
 from stream.errors import StreamError
+from stream.logs import setup_logging
 from stream.sources.naming import Source, redact
 
 if TYPE_CHECKING:

@@ -273,6 +273,24 @@ class LiveBatchSource:
             self._free = fresh
             self._cond.notify_all()
 
+    # -- for a decode worker process (stream/sources/live_worker.py), which runs the reader without iterating
+    def start(self) -> None:
+        """Start the reader thread (iteration does it otherwise)."""
+        self._start()
+
+    def give_back(self, data: Any, rows: Any) -> None:
+        """A buffer handed out through on_ready is free again."""
+        self._give_back(data, rows)
+
+    @property
+    def reader(self) -> threading.Thread | None:
+        return self._thread
+
+    @property
+    def frames_read(self) -> int:
+        """Frames decoded so far (FrameMeta.index of the next one)."""
+        return self._index
+
     def _pool_of(self, rows: Any) -> list[Any]:
         """The buffers a route fills: new ones, or the free slots of a worker's ring (SlotRows.pool)."""
         if hasattr(rows, "pool"):

@@ -112,7 +112,7 @@ class _Feed:
             pool=spec.rings["host"].slots,
             device=w.device,
             on_state=lambda state, error: out.put((None, ("state", self.id, state, error))),
-            on_drop=lambda reason, n: out.put((None, ("drop", self.id, reason, n, self.src._index))),
+            on_drop=lambda reason, n: out.put((None, ("drop", self.id, reason, n, self.src.frames_read))),
             on_reconnect=lambda: out.put((None, ("reconnect", self.id))),
             wrap_rows=self._wrap,
             on_ready=self._ready,
@@ -128,7 +128,7 @@ class _Feed:
         return sr
 
     def start(self) -> None:
-        self.src._start()
+        self.src.start()
 
     def _ready(self, p: Any) -> None:
         """A frame is in its slot (called by the feed's reader thread, under its lock): send its record."""
@@ -144,19 +144,19 @@ class _Feed:
         if sr is None or slot not in sr.held:
             return
         sr.held.discard(slot)
-        self.src._give_back(sr.views[slot], sr)
+        self.src.give_back(sr.views[slot], sr)
 
     def close(self) -> None:
         self.src.close()
 
     def join(self, timeout: float) -> None:
-        t = self.src._thread
+        t = self.src.reader
         if t is not None:
             t.join(timeout)
 
     def unmap(self) -> None:
         """Unmap the rings (the reader has ended, or was given up on: it may not write a slot any more)."""
-        if self.src._thread is not None and self.src._thread.is_alive():
+        if self.src.reader is not None and self.src.reader.is_alive():
             log.warning("stream %s: its reader did not end; leaving its slots mapped", self.id)
             return
         self.rows.clear()
@@ -239,7 +239,7 @@ class Worker:
 
 def worker_main(spec: WorkerSpec, conn: Connection) -> None:
     """A decode worker process's entry point (multiprocessing "spawn")."""
-    from stream.daemon.logs import setup_logging
+    from stream.logs import setup_logging
 
     setup_logging(spec.cfg.log_level, spec.cfg.log_format, worker=spec.index, kind="decode-worker")
     if spec.setup is not None:

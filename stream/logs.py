@@ -1,4 +1,5 @@
-"""Logging for the daemon and its worker processes: text for people, or one JSON object per line."""
+"""Logging for the daemon and its worker processes (device workers, decode workers): text for people, or one
+JSON object per line."""
 
 from __future__ import annotations
 
