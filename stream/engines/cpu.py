@@ -45,8 +45,18 @@ def session_options(threads: int | None = None, spin: bool = True) -> ort.Sessio
     return so
 
 
+RUNS_AT_ONCE = 2  # inference runs in flight on a CPU engine of 2 cores or more (see CpuEngine)
+
+
 class CpuEngine:
-    """ORT's CPU provider. One session: concurrent runs would only compete for the same cores."""
+    """ORT's CPU provider: one session, RUNS_AT_ONCE runs at once (`buffers`), the cores split between them.
+
+    Decision record: an ORT run on several intra-op threads waits at every operator for its slowest thread, and
+    the cores idle there; two runs at once, each on its share of the cores, keep them busy. Measured on 2 cores
+    (the shipped model, batch 4, no spinning): 16.6 ms an image on 1 thread, 12.5-13.9 on 2 threads, 9.5-11.7
+    with two single-threaded runs at once (bench/RESULTS.md has the figures of the whole pipeline). The batcher
+    runs `buffers` batches at once; a session takes concurrent runs (ONNX Runtime's Run is thread-safe).
+    """
 
     device = "cpu"
 
@@ -54,13 +64,19 @@ class CpuEngine:
         from stream.engines.model_cache import cpu_session
 
         self.info = info
-        self.buffers = 1
-        self.threads = threads or usable_cores()
+        self.threads = threads or usable_cores()  # every run's threads together
+        self.buffers = RUNS_AT_ONCE if self.threads >= RUNS_AT_ONCE else 1
+        self.intra_op = max(1, self.threads // self.buffers)
         try:
-            self.session = cpu_session(info.path, session_options(self.threads, spin=False))
+            self.session = cpu_session(info.path, session_options(self.intra_op, spin=False))
         except Exception as exc:
             raise ModelError(f"model {info.path}: ONNX Runtime (CPU) cannot load it: {first_line(exc, 400)}") from exc
-        log.info("cpu engine: %d intra-op thread(s), model %s", self.threads, info.path.name)
+        log.info(
+            "cpu engine: %d run(s) at once, %d intra-op thread(s) each, model %s",
+            self.buffers,
+            self.intra_op,
+            info.path.name,
+        )
         self.post = None
         if info.head is not None:
             from stream.engines.postprocess import Postprocessor
