@@ -81,10 +81,14 @@ def resolve(cfg: Config) -> tuple[list[Source], ModelInfo, ShardView | None]:
 def live_workers_for(cfg: Config, info: ModelInfo, device: str) -> LiveWorkers | None:
     """The run's decode worker processes for live feeds (started as feeds come), or None: threads read them."""
     from stream.engines.cores import usable_cores
-    from stream.sources.live_workers import LiveWorkers, max_workers
+    from stream.sources.registry import max_workers
 
     most = max_workers(cfg.live_workers, device, usable_cores())
-    return LiveWorkers(cfg, info, device, most) if most > 0 else None
+    if most <= 0:
+        return None
+    from stream.sources.live_workers import LiveWorkers
+
+    return LiveWorkers(cfg, info, device, most)
 
 
 def newest_source(sources: list[Source], stream_id: str) -> Source | None:

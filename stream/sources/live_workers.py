@@ -41,6 +41,9 @@ from stream.errors import SourceError
 from stream.sources.live import backoff_s
 from stream.sources.live_worker import FeedSpec, WorkerSpec, worker_main
 from stream.sources.naming import Source
+from stream.sources.registry import max_workers
+
+__all__ = ["FEEDS_PER_WORKER", "LiveWorkers", "RemoteFeed", "max_workers", "slots_per_feed"]
 from stream.sources.slots import make_ring
 
 log = logging.getLogger(__name__)
@@ -48,13 +51,6 @@ log = logging.getLogger(__name__)
 FEEDS_PER_WORKER = 4  # "auto": feeds a decode process takes before another is started
 STABLE_S = 30.0  # a worker that lived this long resets the restart backoff
 STOP_WAIT_S = 3.0  # a stopped worker's time to exit before it is killed
-
-
-def max_workers(setting: int | str, device: str, cores: int) -> int:
-    """The most decode processes a run starts (0: the live feeds are read by threads of this process)."""
-    if setting == "auto":
-        return max(1, cores - 1) if device == "cuda" else 0
-    return int(setting)
 
 
 def slots_per_feed(info: ModelInfo) -> int:

@@ -30,6 +30,14 @@ log = logging.getLogger(__name__)
 CPU_POOL_SLOTS = 2
 
 
+def max_workers(setting: int | str, device: str, cores: int) -> int:
+    """The most decode worker processes a run starts for its live feeds (`live_workers`; 0: the live feeds are
+    read by threads of the run's process): "auto" is the usable cores less one on CUDA, none on the CPU."""
+    if setting == "auto":
+        return max(1, cores - 1) if device == "cuda" else 0
+    return int(setting)
+
+
 def pool_size(cfg: Config, device: str) -> int:
     """Pooled batches of a stream's source: those queued (`queue_batches`), those in the engine's slots or being
     published, and the one being filled. On CUDA the slots are `buffers`; the CPU engine runs one session
