@@ -33,6 +33,7 @@ __all__ = [
     "FORMATS",
     "Flag",
     "Key",
+    "FILE_DECODES",
     "LIVE_DECODES",
     "LOG_FORMATS",
     "LOG_LEVELS",
@@ -61,6 +62,7 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 LOG_FORMATS = ("text", "json")
 RTSP_TRANSPORTS = ("tcp", "udp")
 LIVE_DECODES = ("auto", "nvdec", "cpu")
+FILE_DECODES = ("auto", "nvdec", "dali", "cpu")
 CONV_ALGO_SEARCHES = ("auto", "exhaustive", "heuristic", "default")  # ORT CUDA's cudnn_conv_algo_search
 CUDA_GRAPHS = ("auto", "on", "off")  # ORT CUDA's enable_cuda_graph (stream.engines.cuda.cuda_graph_choice)
 PUBLISH_ENDPOINT = "tcp://127.0.0.1:5556"
@@ -429,6 +431,13 @@ class Config:
         "PyNvVideoCodec is installed and the feed is H.264/HEVC 4:2:0, else PyAV on the CPU; nvdec requires NVDEC; "
         "cpu always PyAV on the CPU.",
         choices=LIVE_DECODES,
+    )
+    file_decode: str = _key(
+        "auto",
+        "How files are decoded where the device is cuda: auto takes NVDEC frame by frame (PyNvVideoCodec, the file's "
+        "own colour conversion on the GPU) for H.264/HEVC 4:2:0, else DALI on NVDEC, else PyAV on the CPU; nvdec or "
+        "dali ask for that route where it can run; cpu always PyAV on the CPU.",
+        choices=FILE_DECODES,
     )
     live_workers: int | str = _key(
         "auto",

@@ -303,28 +303,9 @@ class DaliBatchSource:
 
     def _rest_on_cpu(self, start: int) -> Iterator[Batch]:
         """Frames `start`.. of the file from PyAV, as host batches (the CUDA engine uploads them)."""
-        from stream.sources.host import HostPreprocessor
-        from stream.sources.pyav import iter_frames
+        from stream.sources.host import host_batches_from
 
-        pre = HostPreprocessor(self.info)
-        data, frames = pre.new_batch(), list[FrameMeta]()
-        try:
-            for meta, frame, colour in iter_frames(self.src, quiet=True):
-                if self._closed:
-                    return
-                if meta.index < start:
-                    continue
-                pre.fill_frame(data, len(frames), frame, colour)
-                frames.append(meta)
-                if len(frames) == self.info.batch:
-                    yield Batch(self.stream, frames, data)
-                    data, frames = pre.new_batch(), list[FrameMeta]()
-        except DecodeError:  # what decoded before the error is still published; the error then fails the stream
-            if frames:
-                yield Batch(self.stream, frames, data)
-            raise
-        if frames:
-            yield Batch(self.stream, frames, data)
+        return host_batches_from(self.src, self.info, start, lambda: self._closed)
 
     def close(self) -> None:
         self._closed = True

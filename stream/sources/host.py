@@ -153,3 +153,28 @@ class HostBatchSource:
 
     def close(self) -> None:
         self._closed = True
+
+
+def host_batches_from(src: Source, info: ModelInfo, start: int, closed: Callable[[], bool]) -> Iterator[Batch]:
+    """Frames `start`.. of a file from PyAV, as host batches (a CUDA engine uploads them): the rest of a file
+    whose GPU route failed part-way, so that nothing is lost or published twice. A file PyAV cannot read either
+    fails with PyAV's clear error, after what decoded before it is handed out."""
+    pre = HostPreprocessor(info)
+    data, frames = pre.new_batch(), list[FrameMeta]()
+    try:
+        for meta, frame, colour in iter_frames(src, quiet=True):
+            if closed():
+                return
+            if meta.index < start:
+                continue
+            pre.fill_frame(data, len(frames), frame, colour)
+            frames.append(meta)
+            if len(frames) == info.batch:
+                yield Batch(src.id, frames, data)
+                data, frames = pre.new_batch(), list[FrameMeta]()
+    except DecodeError:  # what decoded before the error is still published; the error then fails the stream
+        if frames:
+            yield Batch(src.id, frames, data)
+        raise
+    if frames:
+        yield Batch(src.id, frames, data)

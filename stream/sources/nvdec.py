@@ -331,6 +331,9 @@ class NvdecDecoder:
         self.max_errors = 30  # that many in a row, after frames came, and the feed goes to the CPU (sources/live.py)
         self.packets = 0
         self.frames = 0
+        self.lost = (
+            0  # packets NVDEC could not decode (a file's route gives up at the first: stream/sources/nvdec_file.py)
+        )
         self._sps: bytes | None = None  # the sequence parameter sets last seen (Annex-B NAL units)
         self._create()
 
@@ -544,6 +547,7 @@ class NvdecDecoder:
         """A packet NVDEC could not decode is lost, as on the CPU route (live feeds lose some; a feed joined
         mid-GOP starts with packets that reference frames never seen). Many in a row after frames came: NvdecError."""
         self._errors += 1
+        self.lost += 1
         if self.frames and self._errors >= self.max_errors:
             raise NvdecError(
                 f"stream {self.stream_id}: NVDEC failed on {self._errors} packets in a row (last: {first_line(exc)})",

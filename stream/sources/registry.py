@@ -1,6 +1,8 @@
 """Which batch source reads a stream: the registry of decoders, chosen by device, codec and kind of source.
 
-- Files on CUDA: DALI on NVDEC (decode, resize and normalize on the device) for H.264/HEVC in 4:2:0; other
+- Files on CUDA (`file_decode`), H.264/HEVC in 4:2:0: NVDEC frame by frame through PyNvVideoCodec with the
+  file's own colour conversion on the device (stream/sources/nvdec_file.py) where PyNvVideoCodec can run, else
+  DALI on NVDEC (decode, resize and normalize on the device; DALI upsamples the chroma its own way); other
   codecs decode with PyAV on the CPU and are uploaded, with a warning naming the stream.
 - Live feeds: PyNvVideoCodec on NVDEC frame by frame on CUDA (`live_decode`), else PyAV on the CPU.
 - Everything else: PyAV on the CPU, preprocessed on the host.
@@ -13,12 +15,12 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from stream.config import Config
 from stream.core.frames import BatchSource
 from stream.engines.model import ModelInfo
-from stream.errors import SourceError, StreamError
+from stream.errors import SourceError, StreamError, first_line
 from stream.sources.naming import Source, redact
 from stream.sources.rate import detect_fps_of
 
@@ -43,6 +45,26 @@ def pool_size(cfg: Config, device: str) -> int:
     published, and the one being filled. On CUDA the slots are `buffers`; the CPU engine runs one session
     whatever `buffers` says, and its pool stays as it was measured with `buffers` at its old default, 2."""
     return cfg.queue_batches + (cfg.buffers if device == "cuda" else CPU_POOL_SLOTS) + 1
+
+
+def _nvdec_file(src: Source, info: ModelInfo, vi: Any, cfg: Config, pool: int) -> BatchSource | None:
+    """The NVDEC frame-by-frame file route (stream/sources/nvdec_file.py) where `file_decode` takes it and
+    PyNvVideoCodec can run, else None (DALI next)."""
+    if cfg.file_decode not in ("auto", "nvdec"):
+        return None
+    from stream.sources.nvdec import nvdec_unavailable_reason
+
+    why = nvdec_unavailable_reason("cuda", cfg.device_id)
+    if why is None:
+        from stream.sources.nvdec_file import NvdecFileSource
+
+        try:
+            return NvdecFileSource(src, info, vi, pool=pool, device_id=cfg.device_id)
+        except Exception as exc:  # CuPy present but unusable for its batches
+            why = first_line(exc)
+    level = logging.WARNING if cfg.file_decode == "nvdec" else logging.DEBUG
+    log.log(level, "stream %s: not decoded on NVDEC frame by frame (%s); DALI decodes it", src.id, why)
+    return None
 
 
 def make_source(
@@ -72,12 +94,15 @@ def make_one_pass(
             src.id,
             detect_fps,
         )
-    elif device == "cuda" and not src.live:
+    elif device == "cuda" and not src.live and cfg.file_decode != "cpu":
         from stream.sources.dali import DALI_CODECS, DALI_PIX_FMTS, DaliBatchSource
         from stream.sources.pyav import probe
 
         vi = probe(src)
         if vi.codec in DALI_CODECS and vi.pix_fmt in DALI_PIX_FMTS:
+            nvdec = _nvdec_file(src, info, vi, cfg, pool)
+            if nvdec is not None:
+                return nvdec
             try:
                 return DaliBatchSource(src, info, vi, device_id=cfg.device_id)
             except StreamError as exc:

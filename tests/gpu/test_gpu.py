@@ -229,7 +229,7 @@ def test_gpu_pipeline_equals_reference_on_dali_frames(h264: dict[str, Path], mod
     floor = (info.score_thresh or 0.0) + 0.005
     compared = missed = 0
     for sid in ("plain", "bframes"):
-        _, msgs = collect_run([str(h264[sid])], ep(), device="cuda")
+        _, msgs = collect_run([str(h264[sid])], ep(), device="cuda", file_decode="dali")
         got = detections_of(msgs[sid])
         frames = _dali_rgb_frames(h264[sid])
         assert len(got) == len(frames)
@@ -392,7 +392,7 @@ def test_a_looped_file_keeps_its_dali_pipeline(h264: dict[str, Path], tmp_path: 
     shutil.copy(h264["bframes"], path)
     n = decoded_frames(path)
     info = load_info(default_model_path())
-    cfg = config.load(None, {"device": "cuda", "progress": "off"})
+    cfg = config.load(None, {"device": "cuda", "progress": "off", "file_decode": "dali"})
     looper = make_source(Source("lp", str(path), loop=True), info, "cuda", cfg)
     assert isinstance(looper, LoopingSource) and isinstance(looper._current, DaliBatchSource)
     first = looper._current

@@ -375,6 +375,8 @@ def run_paced(path: Path, seconds: float, **settings: Any) -> tuple[Any, list[di
 
     settings.setdefault("reconnect_initial_s", 0.2)
     settings.setdefault("reconnect_max_s", 0.5)
+    settings.setdefault("live_workers", 0)  # the feed read in this process (its logs in caplog); "auto" on CUDA is
+    # a decode worker process (tests/gpu/test_gpu_live_workers.py)
     with PacedFeed(path) as feed:
         result, msgs = collect_run(
             [f"cam={feed.url}"], f"tcp://127.0.0.1:{free_port()}", duration_s=seconds, **settings
@@ -902,6 +904,74 @@ def test_nvdec_live_detections_match_the_cpu_route(gpu_clips: dict[str, Path], m
     print(f"nvdec vs cpu route on {len(pairs)} common frames: {missed} of {compared} detections unmatched")
     assert len(pairs) >= 10, f"only {len(pairs)} frames published by both routes"
     assert compared > 50 and missed <= 0.3 * compared, f"{missed} of {compared} unmatched"
+
+
+# -- files on NVDEC frame by frame (stream/sources/nvdec_file.py), with the stand-ins -----------------------------
+def _file_source(path: Path, info: Any, **kw: Any) -> Any:
+    from stream.sources.naming import Source
+    from stream.sources.nvdec_file import NvdecFileSource
+    from stream.sources.pyav import probe
+
+    src = Source("f", str(path))
+    return NvdecFileSource(src, info, probe(src), **kw)
+
+
+def _rows(source: Any) -> tuple[list[int], list[np.ndarray], list[float | None], list[Any]]:
+    """Each batch's rows copied and its buffer handed back at once, as the engine does (the pool is small)."""
+    index, rows, pts, batches = [], [], [], []
+    for b in source:
+        data = np.asarray(b.data)
+        for i, m in enumerate(b.frames):
+            index.append(m.index)
+            rows.append(data[i].copy())
+            pts.append(m.pts_s)
+        batches.append((len(b.frames), b.ready, isinstance(b.data, np.ndarray)))
+        b.done()
+    return index, rows, pts, batches
+
+
+@pytest.mark.parametrize("clip", ["hd", "vga"])
+def test_every_frame_once_in_order_as_the_kernel_makes_it(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, clip: str
+) -> None:
+    from stream.sources.nvdec import nv12_to_row
+
+    index, rows, pts, batches = _rows(_file_source(clips[clip], model_info, pool=2))
+    assert all(n == model_info.batch for n, _, _ in batches[:-1]) and batches[-1][0]
+    ref = first_frames(clips[clip], 1000)
+    assert index == list(range(len(ref))), "every frame once, in order"
+    assert pts == pytest.approx([f.time for f in ref])
+    out = np.zeros_like(rows[0])
+    for row, f in zip(rows, ref):
+        y, uv = nv12_planes(f)
+        nv12_to_row(np, y, uv, out, model_info, **tags_of(f))
+        assert np.array_equal(row, out)
+    assert fake_nvdec.created, "NVDEC (the stand-in) decoded it"
+
+
+def test_nvdec_failing_part_way_hands_the_rest_to_the_cpu(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    fake_nvdec.fail_after = 7  # the 8th packet fails: NVDEC has handed out fewer frames than that
+    index, rows, _, batches = _rows(_file_source(clips["vga"], model_info))
+    n = len(first_frames(clips["vga"], 1000))
+    assert index == list(range(n)), "nothing lost, nothing twice"
+    assert any(ready is None for _, ready, _ in batches), "the rest came from PyAV (host batches, no event)"
+    assert "decoding the rest on the CPU" in caplog.text
+
+
+def test_the_registry_takes_it_for_files_on_cuda(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from stream import config
+    from stream.sources.naming import Source
+    from stream.sources.nvdec_file import NvdecFileSource
+    from stream.sources.registry import make_source
+
+    src = Source("f", str(clips["vga"]))
+    assert isinstance(make_source(src, model_info, "cuda", config.load(None, {})), NvdecFileSource)
+    cpu = make_source(src, model_info, "cuda", config.load(None, {"file_decode": "cpu"}))
+    assert type(cpu).__name__ == "HostBatchSource"
 
 
 if (
