@@ -24,9 +24,9 @@ run once). Prints one table, the ratios (2 and 3 buffers against 1; end to end a
 same buffers) and the issue's targets marked met/missed; --json writes it all (after every point, so a run cut
 short keeps what it measured), --plot a PNG with two panels (needs matplotlib: `pip install '.[bench]'`).
 
-On the CPU the engine is ONNX Runtime's CPU provider with one session (`CpuEngine.buffers` is 1 whatever
-`buffers` says): the buffers sweep still runs (it changes only the decode pools) and shows that; the buffers
-target is marked n/a there.
+On the CPU the engine is ONNX Runtime's CPU provider, one session running two batches at once on machines of
+two cores or more (`CpuEngine.buffers`), whatever `buffers` says: the buffers sweep still runs (it changes only
+the decode pools) and shows that; the buffers target is marked n/a there.
 """
 
 from __future__ import annotations
@@ -369,8 +369,8 @@ def table(res: dict[str, Any]) -> str:
         )
     if res["device"] == "cpu":
         lines.append(
-            "- cpu: the CPU engine runs one ONNX Runtime session whatever `buffers` says (engine buffers in "
-            "parentheses); the buffers sweep changes only the decode pools, the buffers target is n/a here"
+            "- cpu: the CPU engine runs its own number of batches at once whatever `buffers` says (engine buffers "
+            "in parentheses); the buffers sweep changes only the decode pools, the buffers target is n/a here"
         )
     return "\n".join(lines)
 
@@ -587,7 +587,7 @@ def main() -> None:
         print(f"{a.device}: {res['model']}; video {res['video']}; {os.cpu_count()} CPUs", flush=True)
         if a.device == "cpu":
             print(
-                "note: on the CPU the engine has 1 buffer whatever --buffers says (one ONNX Runtime session); "
+                "note: on the CPU the engine runs its own number of batches at once whatever --buffers says; "
                 "the buffers sweep runs anyway",
                 flush=True,
             )
