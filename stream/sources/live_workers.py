@@ -212,6 +212,18 @@ class RemoteFeed:
         self.pool.detach(self)
 
 
+def _settle_imports() -> None:
+    """Finish OpenCV's import before a worker is spawned. Its loader puts its own folder at the front of
+    sys.path while it imports, and a spawned process starts from a copy of sys.path: a worker started while
+    another thread (a file's decoder) was importing cv2 found OpenCV's `typing` package before Python's and
+    exited at once (seen under load: the feed's first status was `reconnecting`). Importing it here waits
+    for an import in progress to end; afterwards it is a dictionary lookup."""
+    try:
+        import cv2  # noqa: F401
+    except ImportError:
+        pass
+
+
 class LiveWorkers:
     """The run's decode worker processes (started as feeds come) and the feeds they read."""
 
@@ -315,6 +327,7 @@ class LiveWorkers:
     def _start(self, index: int, feeds: list[RemoteFeed]) -> None:
         old = self.procs[index]
         generation = old.generation + 1 if old is not None else 0
+        _settle_imports()
         ctx = multiprocessing.get_context("spawn")
         mine, theirs = ctx.Pipe(duplex=True)
         spec = WorkerSpec(

@@ -185,7 +185,7 @@ def test_rtsp_end_to_end_beside_a_file(server: RtspServer, videos: dict[str, Pat
     assert proc.returncode == 0, err
     assert took < 10, f"SIGTERM took {took:.1f} s"
     states = [s for _, s, _ in sub.states("cam")]
-    assert states[:2] == ["connecting", "streaming"], states
+    assert states[:2] == ["connecting", "streaming"], (sub.states("cam"), err[-3000:])
     dets = sub.of("cam", "detections")
     frames = [m["frame"] for m in dets]
     assert frames == sorted(set(frames)), "live frames count up, never repeat"
