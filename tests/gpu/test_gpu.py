@@ -107,7 +107,7 @@ def test_gpu_matches_cpu_and_counts_vary(
 ) -> None:
     srcs = [str(p) for p in h264.values()]
     caplog.set_level(logging.INFO)
-    gpu, gmsgs = collect_run(srcs, ep(), device="cuda")
+    gpu, gmsgs = collect_run(srcs, ep(), device="cuda", file_decode="nvdec")  # the route converting as the CPU does
     assert gpu.device == "cuda"
     assert "on the CPU with PyAV" not in caplog.text, "a stream fell back to CPU decoding"
     cpu, cmsgs = collect_run(srcs, ep(), device="cpu")

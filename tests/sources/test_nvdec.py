@@ -960,7 +960,7 @@ def test_nvdec_failing_part_way_hands_the_rest_to_the_cpu(
     assert "decoding the rest on the CPU" in caplog.text
 
 
-def test_the_registry_takes_it_for_files_on_cuda(
+def test_the_registry_takes_it_for_files_on_cuda_when_asked(
     fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stream import config
@@ -969,7 +969,8 @@ def test_the_registry_takes_it_for_files_on_cuda(
     from stream.sources.registry import make_source
 
     src = Source("f", str(clips["vga"]))
-    assert isinstance(make_source(src, model_info, "cuda", config.load(None, {})), NvdecFileSource)
+    nvdec = make_source(src, model_info, "cuda", config.load(None, {"file_decode": "nvdec"}))
+    assert isinstance(nvdec, NvdecFileSource)
     cpu = make_source(src, model_info, "cuda", config.load(None, {"file_decode": "cpu"}))
     assert type(cpu).__name__ == "HostBatchSource"
 
