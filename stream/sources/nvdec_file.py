@@ -17,7 +17,9 @@ Decision record:
   (host.host_batches_from), which also gives a damaged or truncated file its clear error. Nothing is lost or
   handed out twice.
 - A resolution change: NvdecDecoder makes a new decoder at new sequence parameters; frames carry their own size.
-- DALI stays the route where PyNvVideoCodec is not installed (stream/sources/registry.py), with its own chroma.
+- Opt-in for now (`file_decode = "nvdec"`; DALI is the default, stream/sources/registry.py): the decoder and the
+  row kernel are the live route's, measured on a GPU; this file source around them has run only with stand-ins,
+  and its throughput against DALI's (8 streams) is still to be measured.
 """
 
 from __future__ import annotations
