@@ -6,11 +6,13 @@ its buffers are the slots of the feed's rings (`SlotRows`: one frame per slot, s
 "batch" of one) and each finished frame is sent to the engine as a record instead of being queued here.
 
 Records to the engine (over the worker's pipe, stream/sources/live_workers.py):
-    ("frame", feed, ring kind, slot, index, pts_s, captured_at, width, height)
-    ("state", feed, state, error)   ("drop", feed, reason, n, frames read so far)   ("reconnect", feed)
-    ("removed", feed): the feed's reader has ended and its rings are unmapped
+    ("frame", key, ring kind, slot, index, pts_s, captured_at, width, height)
+    ("state", key, state, error)   ("drop", key, reason, n, frames read so far)   ("reconnect", key)
+    ("removed", key): the feed's reader has ended and its rings are unmapped
 From the engine:
-    ("free", feed, ring kind, slot)   ("add", FeedSpec)   ("remove", feed)   ("stop",)
+    ("free", key, ring kind, slot)   ("add", FeedSpec)   ("remove", key)   ("stop",)
+`key` is the engine's number for the feed in this run (FeedSpec.key), not its stream id: a stream removed and
+added again under the same id is another feed, and a late record of the old one must not reach the new one.
 
 One sender thread sends every record in the order the feeds made them (a device slot's record only once
 its row kernels have finished on the feed's CUDA stream); one receiver thread takes the engine's messages.
@@ -42,6 +44,7 @@ class FeedSpec:
     """One feed as a worker is given it: the source, its rings, the slots free now, where `frame` counts on."""
 
     source: Source
+    key: int  # the engine's number for this feed in this run: records carry it (an id may be removed and added again)
     rings: dict[str, RingSpec]  # "host" (always) and "device" (where the NVDEC route may run)
     free: dict[str, list[int]] = field(default_factory=dict)  # per ring kind; absent: every slot
     start_index: int = 0
@@ -100,6 +103,7 @@ class _Feed:
         from stream.sources.live import LiveBatchSource
 
         self.id = spec.source.id
+        self.key = spec.key
         self.out = out
         self.rings = {k: MappedRing(r) for k, r in spec.rings.items()}
         self.rows: dict[str, SlotRows] = {}
@@ -111,9 +115,9 @@ class _Feed:
             w.cfg,
             pool=spec.rings["host"].slots,
             device=w.device,
-            on_state=lambda state, error: out.put((None, ("state", self.id, state, error))),
-            on_drop=lambda reason, n: out.put((None, ("drop", self.id, reason, n, self.src.frames_read))),
-            on_reconnect=lambda: out.put((None, ("reconnect", self.id))),
+            on_state=lambda state, error: out.put((None, ("state", self.key, state, error))),
+            on_drop=lambda reason, n: out.put((None, ("drop", self.key, reason, n, self.src.frames_read))),
+            on_reconnect=lambda: out.put((None, ("reconnect", self.key))),
             wrap_rows=self._wrap,
             on_ready=self._ready,
             start_index=spec.start_index,
@@ -137,7 +141,7 @@ class _Feed:
         sr.held.add(slot)
         m = p.frames[0]
         ev = sr.ready()  # device rows: an event after the row kernels; the sender waits on it
-        self.out.put((ev, ("frame", self.id, sr.kind, slot, m.index, m.pts_s, m.captured_at, m.width, m.height)))
+        self.out.put((ev, ("frame", self.key, sr.kind, slot, m.index, m.pts_s, m.captured_at, m.width, m.height)))
 
     def free(self, kind: str, slot: int) -> None:
         sr = self.rows.get(kind)
@@ -171,7 +175,7 @@ class Worker:
         self.spec = spec
         self.conn = conn
         self.out: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.feeds: dict[str, _Feed] = {}
+        self.feeds: dict[int, _Feed] = {}  # by FeedSpec.key
         self.stopped = threading.Event()
         self._send_lock = threading.Lock()
 
@@ -180,25 +184,25 @@ class Worker:
             feed = _Feed(fs, self.spec, self.out)
         except Exception as exc:
             log.exception("stream %s: the decode worker could not take it", fs.source.id)
-            self.out.put((None, ("state", fs.source.id, "failed", f"stream {fs.source.id}: decode worker: {exc}")))
+            self.out.put((None, ("state", fs.key, "failed", f"stream {fs.source.id}: decode worker: {exc}")))
             return
-        self.feeds[feed.id] = feed
+        self.feeds[feed.key] = feed
         feed.start()
 
-    def remove(self, feed_id: str) -> None:
+    def remove(self, key: int) -> None:
         """Stop reading a feed; once its reader has let go of the slots, unmap them and say "removed"."""
-        feed = self.feeds.pop(feed_id, None)
+        feed = self.feeds.pop(key, None)
         if feed is None:
-            self.out.put((None, ("removed", feed_id)))
+            self.out.put((None, ("removed", key)))
             return
         feed.close()
 
         def let_go() -> None:
             feed.join(self.spec.cfg.stall_timeout_s + 1.0)
             feed.unmap()
-            self.out.put((None, ("removed", feed_id)))
+            self.out.put((None, ("removed", key)))
 
-        threading.Thread(target=let_go, name=f"remove-{feed_id}", daemon=True).start()
+        threading.Thread(target=let_go, name=f"remove-{feed.id}", daemon=True).start()
 
     def send_loop(self) -> None:
         while True:

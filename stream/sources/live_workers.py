@@ -25,6 +25,7 @@ Decision record:
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import multiprocessing
 import time
@@ -80,9 +81,11 @@ class RemoteFeed:
     frames_expected: int | None = None
     route = "worker"
 
-    def __init__(self, pool: LiveWorkers, src: Source, rings: dict[str, Any]) -> None:
+    def __init__(self, pool: LiveWorkers, src: Source, rings: dict[str, Any], key: int) -> None:
         self.pool = pool
         self.src = src
+        self.key = key  # this feed's number in the run: the worker's records carry it (ids may be reused)
+        self.removed = False  # its worker said it let go of the rings
         self.stream = src.id
         self.rings = rings
         self.on_state: Any = None
@@ -136,7 +139,7 @@ class RemoteFeed:
         self.held[kind].discard(slot)
         w = self.worker
         if w is not None and w.alive:
-            self.pool.send(w, ("free", self.stream, kind, slot))
+            self.pool.send(w, ("free", self.key, kind, slot))
         if self._closed:
             self.pool.maybe_release(self)
 
@@ -242,6 +245,8 @@ class LiveWorkers:
         self._closing = False
         self._kinds = ["host"] + (["device"] if self._device_ring_usable() else [])
         self._released: list[RemoteFeed] = []  # closed feeds whose rings wait for their worker to let go
+        self._keys = itertools.count()
+        self.by_key: dict[int, RemoteFeed] = {}  # the feeds attached and not closed
 
     def _device_ring_usable(self) -> bool:
         if self.device != "cuda" or self.cfg.live_decode == "cpu":
@@ -266,12 +271,13 @@ class LiveWorkers:
                 f"set live_workers = 0 to read live feeds in the engine process",
                 stream=src.id,
             ) from exc
-        return RemoteFeed(self, src, rings)
+        return RemoteFeed(self, src, rings, next(self._keys))
 
     def attach(self, feed: RemoteFeed) -> None:
         if self._closing:
             return
         self.feeds[feed.stream] = feed
+        self.by_key[feed.key] = feed
         i = self._pick()
         w = self.procs[i]
         if w is None or not w.alive:
@@ -285,9 +291,10 @@ class LiveWorkers:
         w = feed.worker
         if w is not None and w.alive and feed.stream in w.feeds:
             w.feeds.discard(feed.stream)
-            self.send(w, ("remove", feed.stream))
+            self.send(w, ("remove", feed.key))
         if self.feeds.get(feed.stream) is feed:
             del self.feeds[feed.stream]
+        self.by_key.pop(feed.key, None)
         self._released.append(feed)
         self.maybe_release(feed)
 
@@ -296,7 +303,7 @@ class LiveWorkers:
         if feed not in self._released or any(feed.held.values()):
             return
         w = feed.worker
-        if w is not None and w.alive and not getattr(feed, "_removed", False):
+        if w is not None and w.alive and not feed.removed:
             return  # the worker may still write a slot: wait for its "removed"
         self._released.remove(feed)
         for r in feed.rings.values():
@@ -318,6 +325,7 @@ class LiveWorkers:
         n = slots_per_feed(self.info)
         return FeedSpec(
             feed.src,
+            feed.key,
             {k: r.spec for k, r in feed.rings.items()},
             free={k: [s for s in range(n) if s not in feed.held[k]] for k in feed.rings},
             start_index=feed.next_index,
@@ -368,17 +376,15 @@ class LiveWorkers:
             self._gone(w)
 
     def _record(self, w: _Proc, rec: tuple[Any, ...]) -> None:
-        what, sid = rec[0], rec[1]
-        feed = self.feeds.get(sid)
+        what, key = rec[0], rec[1]
+        feed = self.by_key.get(key)
         if what == "removed":
             for f in list(self._released):
-                if f.stream == sid and f.worker is w:
-                    f._removed = True  # type: ignore[attr-defined]
+                if f.key == key:
+                    f.removed = True
                     self.maybe_release(f)
             return
-        if feed is None or feed.worker is not w:  # a feed removed meanwhile: give a frame's slot back
-            if what == "frame":
-                self.send(w, ("free", sid, rec[2], rec[3]))
+        if feed is None or feed.worker is not w:  # a feed closed meanwhile: its late records are dropped
             return
         if what == "frame":
             _, _, kind, slot, index, pts_s, captured_at, width, height = rec

@@ -288,3 +288,47 @@ def test_sigterm_with_decode_workers_mid_frame(server: RtspServer, tmp_path: Pat
     pids = [int(p) for p in re.findall(r"decode worker \d: started \(pid (\d+)\)", err)]
     assert len(pids) == 2, err[-2000:]
     wait_for(lambda: not any(os.path.exists(f"/proc/{p}") for p in pids), 10, "the decode processes' exit")
+
+
+def test_a_late_record_of_a_removed_feed_never_reaches_a_new_feed_of_the_same_id(tmp_path: Path) -> None:
+    """A stream removed and added again under its id is another feed (its own key and rings): a frame record
+    the old one's reader sent before it stopped is dropped, not read from the new feed's slot."""
+    from stream.sources import live_workers as lw
+    from stream.sources.naming import Source
+
+    class Conn:
+        def __init__(self) -> None:
+            self.sent: list[Any] = []
+
+        def send(self, msg: Any) -> None:
+            self.sent.append(msg)
+
+    info = _info(batch=2)
+    cfg = config.load(None, {"device": "cpu", "live_workers": 1})
+    src = Source("cam", "rtsp://127.0.0.1:9/x", live=True)
+
+    async def go() -> None:
+        pool = lw.LiveWorkers(cfg, info, "cpu", 1)
+        w = lw._Proc(0, 0, proc=None, conn=Conn())  # type: ignore[arg-type]
+        feeds = []
+        for _ in range(2):
+            f = pool.open(src)
+            f.worker, pool.feeds["cam"], pool.by_key[f.key] = w, f, f
+            w.feeds.add("cam")
+            feeds.append(f)
+            if len(feeds) == 1:
+                f.close()  # removed: its worker is told, by key
+        old, new = feeds
+        assert old.key != new.key and ("remove", old.key) in w.conn.sent  # type: ignore[attr-defined]
+        now = time.time()
+        pool._record(w, ("frame", old.key, "host", 0, 7, 0.2, now, 32, 24))
+        assert not new.held["host"] and not new._queue, "the old feed's frame went to the new feed"
+        pool._record(w, ("frame", new.key, "host", 1, 0, 0.0, now, 32, 24))
+        batch = await new.__anext__()
+        assert [m.index for m in batch.frames] == [0] and new.held["host"] == {1}
+        pool._record(w, ("removed", old.key))
+        assert old.removed and old not in pool._released, "the old rings are freed once its worker let go"
+        w.alive = False
+        await pool.close()
+
+    asyncio.run(go())
