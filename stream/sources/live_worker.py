@@ -177,7 +177,6 @@ class Worker:
         self.out: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.feeds: dict[int, _Feed] = {}  # by FeedSpec.key
         self.stopped = threading.Event()
-        self._send_lock = threading.Lock()
 
     def add(self, fs: FeedSpec) -> None:
         try:

@@ -79,7 +79,6 @@ class RemoteFeed:
     `max_staleness_ms` before they were handed out are dropped and counted (stale), their slots freed."""
 
     frames_expected: int | None = None
-    route = "worker"
 
     def __init__(self, pool: LiveWorkers, src: Source, rings: dict[str, Any], key: int) -> None:
         self.pool = pool

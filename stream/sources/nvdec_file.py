@@ -49,7 +49,6 @@ class NvdecFileSource:
         self.stream = src.id
         self.src = src
         self.info = info
-        self.vi = vi
         self.device_id = device_id
         self.frames_expected: int | None = vi.frames_declared or None
         self.rows = DeviceRows(info, device_id)

@@ -52,6 +52,16 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {c.name: make_clip(d, c, frames=12, qp=4) for c in CLIPS}
 
 
+def host_rows(source: Any) -> list[np.ndarray]:
+    """Every row a batch source hands out, copied to the host as float32; each batch given back once copied."""
+    rows = []
+    for b in source:
+        data = b.data.get() if hasattr(b.data, "get") else np.asarray(b.data)
+        rows += [data[i].astype(np.float32) for i in range(len(b.frames))]
+        b.done()
+    return rows
+
+
 def within(name: str, d: np.ndarray) -> None:
     mean, p999, mx = stats(d)
     print(f"{name}: mean {mean:.3f} p99.9 {p999:.3f} max {mx:.3f} levels")
@@ -101,11 +111,7 @@ def test_the_nvdec_file_route_matches_the_reference(
     caplog.set_level(logging.INFO)
     for info in sizes(model_info, name):
         src = Source(name, str(clips[name]))
-        rows = []
-        for b in NvdecFileSource(src, info, probe(src)):
-            data = b.data.get() if hasattr(b.data, "get") else np.asarray(b.data)
-            rows += [data[i].astype(np.float32) for i in range(len(b.frames))]
-            b.done()
+        rows = host_rows(NvdecFileSource(src, info, probe(src)))
         refs = reference_rows(clips[name], name, info)
         assert len(rows) == len(refs)
         within(f"{name} NVDEC file route -> {info.width}x{info.height}", levels(np.stack(rows), np.stack(refs), info))
@@ -136,11 +142,7 @@ def test_the_dali_file_route_matches_the_reference(
     caplog.set_level(logging.INFO)
     for info in sizes(model_info, name):
         src = Source(name, str(clips[name]))
-        dali = DaliBatchSource(src, info, probe(src))
-        rows = []
-        for b in dali:
-            data = b.data.get() if hasattr(b.data, "get") else np.asarray(b.data)
-            rows += [data[i].astype(np.float32) for i in range(len(b.frames))]
+        rows = host_rows(DaliBatchSource(src, info, probe(src)))
         refs = reference_rows(clips[name], name, info)
         assert len(rows) == len(refs)
         mean, p999, mx = stats(levels(np.stack(rows), np.stack(refs), info))
