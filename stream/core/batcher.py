@@ -20,29 +20,40 @@ Decision record:
   over capacity published frames at p50 146 / p99 362 ms under a 100-ms budget: every frame run had waited
   almost its whole budget (earliest deadline first serves the oldest) and the run came on top. The cap keeps
   a run slower than the budget from dropping every frame (and then never being measured again).
-- Everything here runs on the event loop except the stacking and the inference: `buffers` worker threads
-  of the batcher's own take batches from a priority queue, earliest deadline first. A live feed's batch is
-  due when its oldest frame goes stale (captured_at + max_staleness_ms); a file's batch FILE_DUE_S after it
-  was queued. So a live batch goes ahead of every file batch that has waited less than FILE_DUE_S minus the
-  live frame's remaining budget (a live frame that waits goes stale and is dropped; a lossless file only
-  finishes later), and files still progress, a batch at least every FILE_DUE_S or so per stream, when live
-  feeds alone would fill the engine. (When a live batch only counted as queued half its budget
-  earlier, with a 100-ms budget and four files keeping the one CPU slot busy, every live frame went stale in
-  the queue and the feed published nothing.)
-- Work-conserving: a worker that takes a run whose rows (not counting frames already stale) leave room in the
-  batch takes the queued runs that fit beside it too (unless `batch_timeout_ms` is 0: never merge), earliest deadline first, and runs them as one (parts are
-  still never split; each run's future gets its own parts' results). While every worker is busy, the live
-  feeds' small batches thus wait in the queue and leave it together. Without this a daemon over capacity
-  ran them one by one: a live frame that reached the batcher later than `batch_timeout_ms` after its
-  capture was flushed alone, a CUDA engine runs every batch at its full size (`pad_partial`), and at 16
-  paced 1080p feeds on the H200 runs carried about one frame each: 97 of 480 frames per second
+- A live feed's partial batches wait in a lane of the feed's own until a worker takes them; a worker takes
+  when it is free (the engine pulls: nothing is queued ahead of a free worker). Latest wins before queueing: a
+  lane holds at most LIVE_DEPTH frames, and a newer part drops the oldest at once (counted "superseded"; its
+  future settles empty, its buffer goes back). Two, not one: under the ceiling a feed served every other run
+  keeps every frame; past it, a feed's frame waits at most about two frame intervals before its turn.
+- Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
+  recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
+  stay full. Measured against first come (2026-12-07): on an H100 with decode processes, 32 paced 1080p feeds
+  published 47% of the engine's ceiling (221 of 466 img/s), frames queued first come and went stale in the
+  queue, and runs left with the stale rows taken out ran part-empty.
+- Sealed runs (full batches, a file's parts merged after `batch_timeout_ms`) wait in a heap, earliest
+  deadline first. A live lane is due when its oldest frame goes stale (captured_at + max_staleness_ms); a
+  file's run FILE_DUE_S after it was queued. So live frames go ahead of every file run that has waited less
+  than FILE_DUE_S minus the live frame's remaining budget (a live frame that waits goes stale and is dropped;
+  a lossless file only finishes later), and files still progress, a run at least every FILE_DUE_S or so per
+  stream, when live feeds alone would fill the engine. (When a live batch only counted as queued half its
+  budget earlier, with a 100-ms budget and four files keeping the one CPU slot busy, every live frame went
+  stale in the queue and the feed published nothing.)
+- A worker takes when a sealed run is queued, or when the lanes' fresh rows fill the batch, or when the oldest
+  frame in a lane was captured `batch_timeout_ms` ago (under the ceiling, frames of several feeds gather into
+  one run). Work-conserving: whatever comes first, the lane parts and queued runs that fit beside it join the
+  run (unless `batch_timeout_ms` is 0: never merge; parts are never split; each its own results). Without
+  this a daemon over capacity ran small batches one by one: at 16 paced 1080p feeds on the H200 runs carried
+  about one frame each (a CUDA engine runs every batch at its full size): 97 of 480 frames per second
   published, against about 470 the model runs at full batches.
+- Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
+  threads share the heap and the lanes under one condition variable.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import heapq
 import itertools
 import logging
 import queue
@@ -62,11 +73,11 @@ FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was 
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
+LIVE_DEPTH = 2  # frames of one live feed waiting in its lane; a newer part drops the oldest past this
 
 _Results = list[list[FrameResult]]  # a run's results: per part, per frame
-# A work queue item, (due, order, parts, future, loop); close() queues one with no parts per worker.
+# A queued run or lane part: (due, order, parts, future, loop).
 _Work = tuple[float, int, list[Batch], asyncio.Future[_Results], asyncio.AbstractEventLoop]
-_Item = _Work | tuple[float, int, None, None, None]
 _T = TypeVar("_T")
 
 
@@ -103,18 +114,22 @@ class Batcher:
         self.info = info
         self.timeout_s = timeout_s
         self.instrument = instrument or Instrument()  # hears of each inference run (frames, take to results)
-        self._pending: list[tuple[Batch, asyncio.Future[list[FrameResult]]]] = []
+        self._pending: list[tuple[Batch, asyncio.Future[list[FrameResult]]]] = []  # file parts waiting to merge
         self._rows = 0
         self._timer: asyncio.TimerHandle | None = None
         self._deadline = float("inf")  # unix time: flush then at the latest
         self._host_pool: queue.SimpleQueue[np.ndarray] = queue.SimpleQueue()
         self._copy_stream: Any = None  # a cupy.cuda.Stream, made on first use
         self.merged = 0  # inference runs that carried frames of more than one batch
-        self.coalesced = 0  # queued runs a worker ran together with the one it took (see _coalesce)
+        self.coalesced = 0  # queued runs and lane parts a worker ran together with the first it took
+        self.superseded = 0  # live parts dropped in a lane for a newer part of the same feed
         self.run_time = RunTime()  # take to results: live frames that would be published stale are not run
-        # (due, order, parts, future, loop): earliest deadline first (unix time): a live batch is due when its
-        # oldest frame goes stale, a file batch FILE_DUE_S after it was queued
-        self._work_q: queue.PriorityQueue[_Item] = queue.PriorityQueue()
+        # Shared with the worker threads, under _cv: sealed runs, earliest deadline first (a heap of (due,
+        # order, parts, future, loop)), and the live feeds' lanes, least recently served first.
+        self._cv = threading.Condition()
+        self._runs: list[_Work] = []
+        self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
+        self._closing = False
         self._order = itertools.count()
         self._workers = [
             threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True)
@@ -123,6 +138,11 @@ class Batcher:
         for t in self._workers:
             t.start()
 
+    @property
+    def live_room(self) -> int:
+        """Parts of one live feed that can be in the batcher at once: its lane, and one in each run."""
+        return LIVE_DEPTH + len(self._workers)
+
     # -- on the loop ----------------------------------------------------------------------------------------
     def submit(self, batch: Batch) -> asyncio.Future[list[FrameResult]]:
         """Run `batch` (now, or merged with others soon); the future gives its frames' results."""
@@ -130,6 +150,8 @@ class Batcher:
         n = len(batch.frames)
         if n >= self.info.batch or self.timeout_s <= 0:
             return self._run([batch])[0]
+        if batch.max_age_s is not None:
+            return self._to_lane(batch)
         if self._rows + n > self.info.batch:
             self.flush()
         fut: asyncio.Future[list[FrameResult]] = loop.create_future()
@@ -147,7 +169,7 @@ class Batcher:
         return fut
 
     def flush(self) -> None:
-        """Send what is waiting to the engine now."""
+        """Send the file parts waiting to merge to the engine now (live parts wait in their lanes for a take)."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -160,21 +182,48 @@ class Batcher:
             _chain(theirs, mine)
 
     def _run(self, parts: list[Batch]) -> list[asyncio.Future[list[FrameResult]]]:
-        loop = asyncio.get_running_loop()
-        whole: asyncio.Future[_Results] = loop.create_future()
-        self._work_q.put((due_at(parts), next(self._order), parts, whole, loop))
-        if len(parts) == 1:
-            one: asyncio.Future[list[FrameResult]] = loop.create_future()
-            whole.add_done_callback(lambda f: _settle([one], f))
-            return [one]
-        outs: list[asyncio.Future[list[FrameResult]]] = [loop.create_future() for _ in parts]
-        whole.add_done_callback(lambda f: _settle(outs, f))
+        item, outs = self._item(parts)
+        with self._cv:
+            heapq.heappush(self._runs, item)
+            self._cv.notify()
         return outs
 
+    def _item(self, parts: list[Batch]) -> tuple[_Work, list[asyncio.Future[list[FrameResult]]]]:
+        loop = asyncio.get_running_loop()
+        whole: asyncio.Future[_Results] = loop.create_future()
+        outs: list[asyncio.Future[list[FrameResult]]] = [loop.create_future() for _ in parts]
+        whole.add_done_callback(lambda f: _settle(outs, f))
+        return (due_at(parts), next(self._order), parts, whole, loop), outs
+
+    def _to_lane(self, batch: Batch) -> asyncio.Future[list[FrameResult]]:
+        """A live feed's partial batch waits in the feed's lane for a worker's take; latest wins: parts of the
+        feed past LIVE_DEPTH frames are dropped, oldest first, and counted as "superseded"."""
+        item, outs = self._item([batch])
+        dropped: list[_Work] = []
+        with self._cv:
+            lane = self._lanes.get(batch.stream)
+            if lane is None:
+                lane = self._lanes[batch.stream] = collections.deque()
+            lane.append(item)
+            frames = sum(len(it[2][0].frames) for it in lane)
+            while len(lane) > 1 and frames > LIVE_DEPTH:
+                old = lane.popleft()
+                frames -= len(old[2][0].frames)
+                dropped.append(old)
+            self._cv.notify()
+        for _, _, (old_batch,), whole, _ in dropped:
+            self.superseded += 1
+            old_batch.done()
+            if old_batch.on_drop is not None:
+                old_batch.on_drop("superseded", len(old_batch.frames))
+            whole.set_result([[]])
+        return outs[0]
+
     def close(self) -> None:
-        """Let the workers finish what is queued, then stop them."""
-        for _ in self._workers:
-            self._work_q.put((float("inf"), next(self._order), None, None, None))
+        """Let the workers finish what is queued and waiting in lanes, then stop them."""
+        with self._cv:
+            self._closing = True
+            self._cv.notify_all()
         for t in self._workers:
             t.join()
         self._workers = []
@@ -182,10 +231,11 @@ class Batcher:
     # -- in a worker thread ---------------------------------------------------------------------------------
     def _worker(self) -> None:
         while True:
-            item = self._work_q.get()
-            if item[2] is None:
-                return
-            group = self._coalesce(item) if self.timeout_s > 0 else [item]  # 0: never merge
+            with self._cv:
+                while (group := self._take()) is None:
+                    if self._closing and not self._runs and not any(self._lanes.values()):
+                        return
+                    self._cv.wait(self._wait_s())
             parts = [b for _, _, ps, _, _ in group for b in ps]
             if len(group) > 1:
                 self.coalesced += len(group) - 1
@@ -200,19 +250,74 @@ class Batcher:
                     _resolve(loop, fut, res[at : at + len(ps)])
                     at += len(ps)
 
-    def _coalesce(self, first: _Work) -> list[_Work]:
-        """`first` and the queued runs that fit beside it in one batch, earliest deadline first (see the
-        decision record: work that queued while every worker was busy is run together, not one by one)."""
-        group, rows = [first], _fresh_rows(first[2], self.run_time)
-        held: list[_Item] = []
-        while rows < self.info.batch and len(held) < COALESCE_SCAN:
-            try:
-                item = self._work_q.get_nowait()
-            except queue.Empty:
-                break
-            if item[2] is None:  # close(): stays queued for a worker to see
-                held.append(item)
-                break
+    def _wait_s(self) -> float | None:
+        """How long a worker with nothing to take sleeps (under _cv): until the oldest frame in a lane has
+        waited its batch timeout; indefinitely (until notified) when the lanes are empty."""
+        heads = [lane[0][2][0].frames[0].captured_at for lane in self._lanes.values() if lane]
+        if not heads:
+            return None
+        return max(0.001, min(heads) + self.timeout_s - time.time())
+
+    def _take(self) -> list[_Work] | None:
+        """The next inference run (under _cv), or None when there is none to run yet (see the decision record):
+        the earliest due of the sealed runs and the lanes goes first; live parts then join it round-robin, one
+        part per feed and round, least recently served feed first; then sealed runs that fit. The lanes are
+        ready when their fresh rows fill the batch or their oldest frame has waited the batch timeout."""
+        lanes = [lane for lane in self._lanes.values() if lane]
+        live_ready = False
+        if lanes:
+            heads = [lane[0][2][0].frames[0].captured_at for lane in lanes]
+            live_ready = (
+                self._closing
+                or min(heads) + self.timeout_s <= time.time()
+                or sum(_fresh_rows(it[2], self.run_time) for lane in lanes for it in lane) >= self.info.batch
+            )
+        if not self._runs and not live_ready:
+            return None
+        live_due = min(lane[0][0] for lane in lanes) if live_ready else float("inf")
+        group: list[_Work] = []
+        rows = 0
+        if self._runs and self._runs[0][0] <= live_due:
+            first = heapq.heappop(self._runs)
+            group.append(first)
+            rows = _fresh_rows(first[2], self.run_time)
+            if self.timeout_s <= 0:  # never merge
+                return group
+        rows = self._from_lanes(group, rows)
+        self._from_runs(group, rows)
+        return group
+
+    def _from_lanes(self, group: list[_Work], rows: int) -> int:
+        """Add lane parts that fit to `group`, round-robin across feeds (parts are never split)."""
+        served: list[str] = []
+        progress = True
+        while rows < self.info.batch and progress:
+            progress = False
+            for stream, lane in self._lanes.items():
+                if not lane:
+                    continue
+                n = _fresh_rows(lane[0][2], self.run_time)
+                if rows + n > self.info.batch:
+                    continue
+                group.append(lane.popleft())
+                rows += n
+                progress = True
+                served.append(stream)
+                if rows >= self.info.batch:
+                    break
+        for stream in dict.fromkeys(served):
+            if self._lanes[stream]:
+                self._lanes.move_to_end(stream)
+            else:
+                del self._lanes[stream]
+        return rows
+
+    def _from_runs(self, group: list[_Work], rows: int) -> int:
+        """Add the sealed runs that fit beside `group`, earliest deadline first (work that queued while every
+        worker was busy is run together, not one by one)."""
+        held: list[_Work] = []
+        while rows < self.info.batch and self._runs and len(held) < COALESCE_SCAN:
+            item = heapq.heappop(self._runs)
             n = _fresh_rows(item[2], self.run_time)
             if rows + n <= self.info.batch:
                 group.append(item)
@@ -220,8 +325,8 @@ class Batcher:
             else:
                 held.append(item)
         for item in held:
-            self._work_q.put(item)
-        return group
+            heapq.heappush(self._runs, item)
+        return rows
 
     def _work(self, parts: list[Batch]) -> list[list[FrameResult]]:
         """Drop what went stale while waiting (live feeds), then one inference run; results per part."""
@@ -345,8 +450,8 @@ def _fresh_rows(parts: list[Batch], run_time: RunTime | None = None) -> int:
 def _stale_prefix(b: Batch, run_time: RunTime | None = None) -> int:
     """The stale prefix of a live batch by now, counted as dropped; those frames are not run."""
     n = _stale_count(b, time.time(), run_time)
-    if n and b.on_stale is not None:
-        b.on_stale(n)
+    if n and b.on_drop is not None:
+        b.on_drop("stale", n)
     return n
 
 

@@ -42,7 +42,8 @@ class Batch:
         int, ...
     ] = ()  # rows the engine copies to the host (FrameResult.extra["input"]) for the status page
     max_age_s: float | None = None  # live feeds: frames older than this when inference starts are dropped
-    on_stale: Callable[[int], None] | None = None  # counts those drops (the source's "stale" counter)
+    # counts frames the batcher drops, by reason ("stale", "superseded"), in the source's counters
+    on_drop: Callable[[str, int], None] | None = None
 
     def done(self) -> None:
         if self.release is not None:

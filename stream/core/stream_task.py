@@ -115,7 +115,10 @@ class StreamTask:
         src, st = self.src, self.st
         st.started_at = time.perf_counter()
         bsrc: BatchSource | None = None
-        inflight: _Inflight = asyncio.Queue(maxsize=self.queue_batches)
+        # a live feed's parts the batcher drops as superseded are settled at once but published in order: room
+        # for them, so that the producer never holds the feed's newest frames back behind them
+        room = self.queue_batches + (self.batcher.live_room if src.live else 0)
+        inflight: _Inflight = asyncio.Queue(maxsize=room)
         producer: asyncio.Task[None] | None = None
         watcher: asyncio.Task[None] | None = None
         states: _States | None = None
@@ -176,8 +179,8 @@ class StreamTask:
                     break
                 self.read_frames += len(batch.frames)
                 self.instrument.batch_read(st.id, len(batch.frames), time.perf_counter() - t0)
-                if batch.on_stale is not None:  # frames the batcher drops count as read and dropped
-                    batch.on_stale = self._counting_stale(batch.on_stale)
+                if batch.on_drop is not None:  # frames the batcher drops count as read and dropped
+                    batch.on_drop = self._counting_drops(batch.on_drop)
                 now = time.monotonic()
                 if now < st.watched_until and now - st.snap_at >= SNAPSHOT_EVERY_S:
                     st.snap_at = now
@@ -191,12 +194,12 @@ class StreamTask:
             return
         await inflight.put(None)
 
-    def _counting_stale(self, inner: Callable[[int], None]) -> Callable[[int], None]:
-        def on_stale(n: int) -> None:  # a batcher worker thread
+    def _counting_drops(self, inner: Callable[[str, int], None]) -> Callable[[str, int], None]:
+        def on_drop(reason: str, n: int) -> None:  # a batcher worker thread, or the loop
             self.dropped_in_flight += n
-            inner(n)
+            inner(reason, n)
 
-        return on_stale
+        return on_drop
 
     async def _consume(self, inflight: _Inflight, states: _States | None, watcher: asyncio.Task[None] | None) -> None:
         while True:

@@ -7,6 +7,8 @@ Decision record:
     "no_buffer"  every pooled batch array is taken (queued or in inference): the new frame is dropped;
     "stale"      a frame is older than `max_staleness_ms` when its batch is handed out (or, counted by the
                  batcher, would be by the time an inference run of it is done);
+    "superseded" (counted by the batcher) newer frames of the feed reached the batcher while it waited for
+                 an inference run: past the engine's ceiling each feed keeps its newest frames there;
     "detect_fps" the feed's detection rate (`detect_fps`, stream/sources/rate.py) skips the frame: it is
                  decoded and dropped at once, before colour conversion and any buffer, on both routes.
 - A partial batch is handed out as soon as the pipeline asks for one: waiting for a fuller batch happens in
@@ -241,7 +243,7 @@ class LiveBatchSource:
         if stale:
             rows.shift(data, stale, len(keep))
         # device rows: an event after every write to this batch (fills were enqueued under the lock, before it
-        # left _filling/_ready); the inference stream waits on it. max_age_s/on_stale: the batcher drops (and
+        # left _filling/_ready); the inference stream waits on it. max_age_s/on_drop: the batcher drops (and
         # counts) frames that go stale while the batch waits for other streams or an inference slot.
         return Batch(
             self.stream,
@@ -250,7 +252,7 @@ class LiveBatchSource:
             ready=rows.ready(),
             release=lambda: self._give_back(data, rows),
             max_age_s=limit,
-            on_stale=lambda n: self._drop("stale", n),
+            on_drop=self._drop,
         )
 
     def _give_back(self, data: Any, rows: Any = None) -> None:

@@ -193,13 +193,13 @@ class RemoteFeed:
             [self.rings[k].view(s) for k, s in slots],
             release=lambda: self._release_from_thread(slots),
             max_age_s=self._max_age,
-            on_stale=self._stale_from_thread,
+            on_drop=self._drop_from_thread,
         )
 
-    def _stale_from_thread(self, n: int) -> None:
-        """Frames the batcher dropped as stale (a batcher thread): counted on the loop."""
+    def _drop_from_thread(self, reason: str, n: int) -> None:
+        """Frames the batcher dropped (a batcher thread, or the loop): counted on the loop."""
         try:
-            self._loop.call_soon_threadsafe(self.count_drop, "stale", n)
+            self._loop.call_soon_threadsafe(self.count_drop, reason, n)
         except RuntimeError:
             pass
 

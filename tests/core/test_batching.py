@@ -243,7 +243,7 @@ def test_live_frames_that_went_stale_while_waiting_are_dropped_not_run() -> None
     def live(stream: str, n: int, age_s: float) -> Any:
         def make() -> Batch:
             b = _make_part(stream, n, 0, age_s, None)
-            b.max_age_s, b.on_stale = 0.5, drops.append
+            b.max_age_s, b.on_drop = 0.5, lambda _r, n: drops.append(n)
             return b
 
         return make
@@ -277,7 +277,7 @@ def test_live_frames_that_would_be_published_stale_are_dropped_by_the_run_time_t
     def live(stream: str, age_s: float) -> Any:
         def make() -> Batch:
             b = _make_part(stream, 1, 0, age_s, None)
-            b.max_age_s, b.on_stale = 0.5, drops.append
+            b.max_age_s, b.on_drop = 0.5, lambda _r, n: drops.append(n)
             return b
 
         return make
@@ -425,7 +425,7 @@ def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
 
     def live(stream: str, n: int, start: int, age_s: float = 0.0) -> Batch:
         b = _make_part(stream, n, start, age_s, None)
-        b.max_age_s, b.on_stale = 0.5, drops.append
+        b.max_age_s, b.on_drop = 0.5, lambda _r, n: drops.append(n)
         return b
 
     async def case() -> tuple[list[Any], Batcher, Slow]:
@@ -454,3 +454,82 @@ def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
     assert eng.batches[1][1] == [10, 20, 21, 30]
     assert [[r.meta.index for r in rs] for rs in res[1:]] == [[10], [], [20, 21], [30], [40, 41]]
     assert drops == [2] and b.coalesced == 3
+
+
+def _live(
+    stream: str, n: int, start: int, drops: list[tuple[str, str, int]], released: list[str] | None = None
+) -> Batch:
+    b = _make_part(stream, n, start, 0.0, released)
+    b.max_age_s = 5.0
+    b.on_drop = lambda reason, k: drops.append((stream, reason, k))
+    return b
+
+
+def test_a_live_feed_past_its_lane_depth_keeps_its_newest_frames_and_counts_the_rest() -> None:
+    """Latest wins before queueing: while the one slot is busy, a feed's parts past LIVE_DEPTH frames are
+    dropped oldest first, at once (their futures settle empty, their buffers go back) and counted as
+    "superseded"; the newest LIVE_DEPTH frames run."""
+    from stream.core.batcher import LIVE_DEPTH
+
+    gate = threading.Event()
+    drops: list[tuple[str, str, int]] = []
+    released: list[str] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    async def case() -> tuple[list[Any], list[bool], Slow, Batcher]:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.05, workers=1)
+        busy = b.submit(_make_part("busy", 4, 0, 0.0, None))
+        await asyncio.sleep(0.1)
+        futs = [b.submit(_live("cam", 1, i, drops, released)) for i in range(5)]
+        await asyncio.sleep(0)  # settled on the loop, before the slot frees
+        settled_early = [f.done() for f in futs]
+        gate.set()
+        res = await asyncio.gather(busy, *futs)
+        await asyncio.to_thread(b.close)
+        return res[1:], settled_early, eng, b
+
+    res, settled_early, eng, b = asyncio.run(case())
+    assert LIVE_DEPTH == 2
+    assert settled_early == [True, True, True, False, False]
+    assert [[r.meta.index for r in rs] for rs in res] == [[], [], [], [3], [4]]
+    assert drops == [("cam", "superseded", 1)] * 3 and b.superseded == 3
+    assert eng.batches[1][0] == "cam" and eng.batches[1][1] == [3, 4]
+    assert released.count("cam") == 5  # every part's buffer handed back, dropped or run
+
+
+def test_live_feeds_share_each_run_round_robin() -> None:
+    """Past the engine's ceiling every feed gets its turn: a run takes one part per feed and round, least
+    recently served feed first, so a feed with frames waiting is never left out of two runs in a row while
+    another feed has two frames in each (first come would have filled runs with a and b)."""
+    gate = threading.Event()
+    drops: list[tuple[str, str, int]] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    async def case() -> Slow:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.1)
+        for stream in "abcdef":  # six feeds, two frames each, arriving feed after feed
+            for i in range(2):
+                futs.append(b.submit(_live(stream, 1, i, drops)))
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return eng
+
+    eng = asyncio.run(case())
+    runs = [name.split("+") for name, _, _ in eng.batches[1:]]
+    assert runs[0] == ["a", "b", "c", "d"] and runs[1] == ["e", "f", "a", "b"] and runs[2] == ["c", "d", "e", "f"]
+    assert all(len(r) == 4 for r in runs) and drops == []
