@@ -73,6 +73,7 @@ FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was 
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
+TAKE_SLACK_S = 0.005  # a live part stops waiting to merge this long before it would be taken stale
 LIVE_DEPTH = 2  # frames of one live feed waiting in its lane; a newer part drops the oldest past this
 
 _Results = list[list[FrameResult]]  # a run's results: per part, per frame
@@ -253,23 +254,33 @@ class Batcher:
     def _wait_s(self) -> float | None:
         """How long a worker with nothing to take sleeps (under _cv): until the oldest frame in a lane has
         waited its batch timeout; indefinitely (until notified) when the lanes are empty."""
-        heads = [lane[0][2][0].frames[0].captured_at for lane in self._lanes.values() if lane]
+        heads = [self._merge_until(lane[0][2][0]) for lane in self._lanes.values() if lane]
         if not heads:
             return None
-        return max(0.001, min(heads) + self.timeout_s - time.time())
+        return max(0.001, min(heads) - time.time())
+
+    def _merge_until(self, b: Batch) -> float:
+        """When a live part stops waiting for other rows (unix time): its oldest frame's capture plus the batch
+        timeout, or less, so that it is still fresh when taken: a frame taken as late as `max_staleness_ms`
+        less the run time is dropped as stale (a 50-ms timeout against a 100-ms budget and 50-ms runs dropped
+        every other frame of a lone CPU feed)."""
+        wait = self.timeout_s
+        if b.max_age_s is not None:
+            wait = min(wait, max(0.0, b.max_age_s - self.run_time.lead(b.max_age_s) - TAKE_SLACK_S))
+        return b.frames[0].captured_at + wait
 
     def _take(self) -> list[_Work] | None:
         """The next inference run (under _cv), or None when there is none to run yet (see the decision record):
         the earliest due of the sealed runs and the lanes goes first; live parts then join it round-robin, one
         part per feed and round, least recently served feed first; then sealed runs that fit. The lanes are
-        ready when their fresh rows fill the batch or their oldest frame has waited the batch timeout."""
+        ready when their fresh rows fill the batch or their oldest frame has waited the batch timeout (or
+        less: `_merge_until`)."""
         lanes = [lane for lane in self._lanes.values() if lane]
         live_ready = False
         if lanes:
-            heads = [lane[0][2][0].frames[0].captured_at for lane in lanes]
             live_ready = (
                 self._closing
-                or min(heads) + self.timeout_s <= time.time()
+                or min(self._merge_until(lane[0][2][0]) for lane in lanes) <= time.time()
                 or sum(_fresh_rows(it[2], self.run_time) for lane in lanes for it in lane) >= self.info.batch
             )
         if not self._runs and not live_ready:
