@@ -533,3 +533,24 @@ def test_live_feeds_share_each_run_round_robin() -> None:
     runs = [name.split("+") for name, _, _ in eng.batches[1:]]
     assert runs[0] == ["a", "b", "c", "d"] and runs[1] == ["e", "f", "a", "b"] and runs[2] == ["c", "d", "e", "f"]
     assert all(len(r) == 4 for r in runs) and drops == []
+
+
+def test_a_live_part_stops_waiting_to_merge_while_it_is_still_fresh() -> None:
+    """A lone live feed's frame waits for other rows at most until it would be taken stale: with a 100-ms budget
+    and runs of 60 ms (counted for at most half the budget), a 50-ms batch timeout is cut to 45 ms; a file part
+    waits the whole timeout."""
+
+    async def case() -> tuple[float, float, float]:
+        b = Batcher(RecordingEngine(), INFO, 0.05, workers=1)
+        live = _live("cam", 1, 0, [])
+        live.max_age_s = 0.1
+        before = b._merge_until(live) - live.frames[0].captured_at
+        b.run_time.add(0.06)
+        after = b._merge_until(live) - live.frames[0].captured_at
+        file = _make_part("f", 1, 0, 0.0, None)
+        whole = b._merge_until(file) - file.frames[0].captured_at
+        await asyncio.to_thread(b.close)
+        return before, after, whole
+
+    before, after, whole = asyncio.run(case())
+    assert before == pytest.approx(0.05) and after == pytest.approx(0.045) and whole == pytest.approx(0.05)
