@@ -434,10 +434,10 @@ class Config:
     )
     file_decode: str = _key(
         "auto",
-        "How H.264/HEVC 4:2:0 files are decoded where the device is cuda: auto and dali take DALI on NVDEC (DALI "
-        "upsamples chroma its own way); nvdec takes NVDEC frame by frame through PyNvVideoCodec, converting with the "
-        "file's own colour signalling on the GPU as the CPU does (not yet measured on a GPU: see docs/cli.md), DALI "
-        "where it cannot run; cpu always PyAV on the CPU.",
+        "How H.264/HEVC 4:2:0 files are decoded where the device is cuda: auto and nvdec take NVDEC frame by frame "
+        "through PyNvVideoCodec, converting with the file's own colour signalling on the GPU as the CPU does, and "
+        "DALI where it cannot run; dali takes DALI on NVDEC (it upsamples chroma its own way); cpu always PyAV on "
+        "the CPU.",
         choices=FILE_DECODES,
     )
     live_workers: int | str = _key(

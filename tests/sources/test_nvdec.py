@@ -960,7 +960,7 @@ def test_nvdec_failing_part_way_hands_the_rest_to_the_cpu(
     assert "decoding the rest on the CPU" in caplog.text
 
 
-def test_the_registry_takes_it_for_files_on_cuda_when_asked(
+def test_the_registry_takes_it_for_files_on_cuda_by_default(
     fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from stream import config
@@ -969,10 +969,43 @@ def test_the_registry_takes_it_for_files_on_cuda_when_asked(
     from stream.sources.registry import make_source
 
     src = Source("f", str(clips["vga"]))
-    nvdec = make_source(src, model_info, "cuda", config.load(None, {"file_decode": "nvdec"}))
-    assert isinstance(nvdec, NvdecFileSource)
+    assert config.load(None, {}).file_decode == "auto"
+    for asked in ("auto", "nvdec"):
+        nvdec = make_source(src, model_info, "cuda", config.load(None, {"file_decode": asked}))
+        assert isinstance(nvdec, NvdecFileSource), asked
+        nvdec.close()
     cpu = make_source(src, model_info, "cuda", config.load(None, {"file_decode": "cpu"}))
     assert type(cpu).__name__ == "HostBatchSource"
+
+
+@pytest.mark.parametrize("asked, level", [("auto", logging.INFO), ("nvdec", logging.WARNING)])
+def test_where_nvdec_cannot_run_a_file_goes_to_dali_and_the_log_says_why(
+    clips: dict[str, Path],
+    model_info: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    asked: str,
+    level: int,
+) -> None:
+    """Without PyNvVideoCodec the file route is DALI's (a stand-in here): a note at info by default, a warning
+    where frame by frame was asked for."""
+    from stream import config
+    from stream.sources import dali, nvdec
+    from stream.sources.naming import Source
+    from stream.sources.registry import make_source
+
+    class DaliStandIn:
+        def __init__(self, src: Source, *a: Any, **k: Any) -> None:
+            self.stream = src.id
+
+    monkeypatch.setattr(nvdec, "nvdec_unavailable_reason", lambda *a: "PyNvVideoCodec is not installed")
+    monkeypatch.setattr(dali, "DaliBatchSource", DaliStandIn)
+    caplog.set_level(logging.INFO)
+    bsrc = make_source(Source("f", str(clips["vga"])), model_info, "cuda", config.load(None, {"file_decode": asked}))
+    assert isinstance(bsrc, DaliStandIn)
+    notes = [r for r in caplog.records if "cannot decode it frame by frame" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelno == level, [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert "stream f" in notes[0].getMessage() and "PyNvVideoCodec is not installed" in notes[0].getMessage()
 
 
 if (
