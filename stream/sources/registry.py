@@ -10,9 +10,10 @@
 - Live feeds: PyNvVideoCodec on NVDEC frame by frame on CUDA (`live_decode`), else PyAV on the CPU.
 - Everything else: PyAV on the CPU, preprocessed on the host.
 - Files with `loop` (or cfg.loop) are replayed forever (LoopingSource).
-- A file with a detection rate (`detect_fps` > 0) is decoded with PyAV on the CPU on every device: DALI
-  decodes and preprocesses whole sequences of the model's batch on the device, so it cannot leave frames out
-  before preprocessing; PyAV drops them before any colour conversion. A warning names the stream on CUDA.
+- A file with a detection rate (`detect_fps` > 0) is decoded with PyAV on the CPU on every device, which drops
+  the frames between picks before any colour conversion: DALI decodes and preprocesses whole sequences of the
+  model's batch on the device, and the frame-by-frame file route does not take a rate yet. A warning names the
+  stream on CUDA.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def make_one_pass(
     detect_fps = detect_fps_of(src, cfg)
     if device == "cuda" and not src.live and detect_fps > 0:
         log.warning(
-            "stream %s: detect_fps = %g: decoding this file on the CPU with PyAV (the GPU file route, DALI, "
-            "preprocesses every frame); set detect_fps = 0 for it to decode on NVDEC",
+            "stream %s: detect_fps = %g: decoding this file on the CPU with PyAV (the GPU file routes preprocess "
+            "every frame); set detect_fps = 0 for it to decode on NVDEC",
             src.id,
             detect_fps,
         )

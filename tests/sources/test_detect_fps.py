@@ -183,8 +183,8 @@ def test_a_looped_file_counts_its_drops_on_every_pass(clip30: Path, model_info: 
 
 
 def test_files_on_cuda_with_a_rate_decode_on_the_cpu(clip30: Path, model_info: Any) -> None:
-    """DALI preprocesses every frame of its sequences: a file with detect_fps takes the PyAV route (no GPU needed
-    to check the choice: the registry decides before touching DALI)."""
+    """The GPU file routes preprocess every frame: a file with detect_fps takes the PyAV route (no GPU needed to
+    check the choice: the registry decides before touching NVDEC or DALI)."""
     from stream.sources.host import HostBatchSource
     from stream.sources.registry import make_one_pass
 
