@@ -25,7 +25,8 @@ measured.
 For every `detections` message whose `captured_at` falls in the window: `published_at - captured_at` (the
 daemon's clock) and receive time - `captured_at` (this subscriber, another process on the same host: the
 latency a client sees). Drops by reason are read from `stream_dropped_frames_total` on /metrics at the start
-and the end of the window; gaps in `frame` numbers among the published frames of the window are counted too.
+and the end of the window, and so are the engine's runs (`stream_batch_size`, `stream_inference_run_seconds`:
+runs a second, frames per run, take-to-results time); gaps in `frame` numbers among the published frames of the window are counted too.
 Over the whole point, the frames each feed's source read (its frame counter, reported by the daemon) must
 equal published + dropped (counted) + what was still queued in the source when the feed was removed.
 
@@ -376,10 +377,15 @@ class Subscriber:
 
 
 def scrape(port: int, prefix: str) -> dict[str, dict[str, float]]:
-    """stream_dropped_frames_total by reason and stream_reconnects_total, summed over the streams of a point."""
+    """stream_dropped_frames_total by reason and stream_reconnects_total, summed over the streams of a point; the
+    engine's run counters (stream_batch_size and stream_inference_run_seconds, sum and count)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    out: dict[str, dict[str, float]] = {"dropped": {}, "reconnects": {}}
+    out: dict[str, dict[str, float]] = {"dropped": {}, "reconnects": {}, "runs": {}}
     for line in text.splitlines():
+        run = re.match(r"^(stream_batch_size|stream_inference_run_seconds)_(sum|count)\s+(\S+)", line)
+        if run:  # the engine's runs (all streams): how many, their rows, their take-to-results time
+            out["runs"][f"{run.group(1)}_{run.group(2)}"] = float(run.group(3))
+            continue
         m = re.match(r"^(stream_dropped_frames_total|stream_reconnects_total)\{([^}]*)\}\s+(\S+)", line)
         if not m:
             continue
@@ -683,6 +689,7 @@ def summarize(
     hist, _ = np.histogram(recv_ms, bins=HIST_EDGES_MS)
     frames_per_feed = {k: len(per_feed.get(k, [])) for k in sorted(set(feed_ids) | set(per_feed))}
     return {
+        "runs": engine_runs(m0.get("runs", {}), m1.get("runs", {}), seconds),
         "mode": mode,
         "feeds": n,
         "seconds": seconds,
@@ -708,6 +715,27 @@ def summarize(
         "stop_s": stop_s,
         "histogram_ms": {"edges": [round(float(e), 3) for e in HIST_EDGES_MS], "counts": hist.tolist()},
     }
+
+
+def engine_runs(a: dict[str, float], b: dict[str, float], seconds: float) -> dict[str, float | None]:
+    """The engine's inference runs over the window (every stream's, files included): runs a second, frames per
+    run (the model's batch when runs are full) and the mean take-to-results time of a run."""
+
+    def d(key: str) -> float:
+        return b.get(key, 0.0) - a.get(key, 0.0)
+
+    runs = d("stream_batch_size_count")
+    return {
+        "per_s": runs / seconds if seconds > 0 else None,
+        "rows_per_run": d("stream_batch_size_sum") / runs if runs else None,
+        "run_ms": 1000.0 * d("stream_inference_run_seconds_sum") / runs if runs else None,
+    }
+
+
+def fmt_runs(r: dict[str, float | None]) -> str:
+    if not r.get("per_s"):
+        return "no runs"
+    return f"{r['per_s']:.1f} runs/s of {r['rows_per_run']:.2f} frames, {r['run_ms']:.1f} ms each (take to results)"
 
 
 def fmt_ms(v: float | None) -> str:
@@ -991,7 +1019,7 @@ def main() -> None:
                         f"{p['read_fps']:.1f} read; per-feed frames {fmt_feeds(p)}; "
                         f"receive p50 {fmt_ms(p['receive_ms']['p50'])} p99 {fmt_ms(p['receive_ms']['p99'])} max "
                         f"{fmt_ms(p['receive_ms']['max'])} ms; dropped {p['dropped'] or 0}, "
-                        f"missing {p['missing_frames']}; "
+                        f"missing {p['missing_frames']}; engine {fmt_runs(p['runs'])}; "
                         f"start-up {p['startup_s']:.1f} s, stop {p['stop_s']:.1f} s; "
                         f"{p['target']}: {p['target_status']}",
                         flush=True,

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 ROUTES = "/ (status page), /status.json, /frame/<stream id>.jpg, /metrics, /healthz"
 
 LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+RUN_BUCKETS_S = (0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 class StatusSource(Protocol):
@@ -61,6 +62,12 @@ class Metrics(Instrument):
         self.batch_size = Histogram(
             "stream_batch_size", "Frames per inference batch", buckets=(1, 2, 4, 8, 16, 32, 64), registry=r
         )
+        self.run_seconds = Histogram(
+            "stream_inference_run_seconds",
+            "Inference runs, a worker's take to its results",
+            buckets=RUN_BUCKETS_S,
+            registry=r,
+        )
         self.queue_depth_gauge = Gauge(
             "stream_queue_depth", "Batches queued between decode and publish", ["stream"], registry=r
         )
@@ -80,6 +87,7 @@ class Metrics(Instrument):
 
     def batch_ran(self, frames: int, run_s: float) -> None:
         self.batch_size.observe(frames)
+        self.run_seconds.observe(run_s)
 
     def frame_published(self, stream: str, detections: int, latency_s: float) -> None:
         self.frames.labels(stream).inc()

@@ -68,6 +68,7 @@ def test_loop_duration_metrics_and_health(videos: dict[str, Path]) -> None:
         for name in (
             "stream_latency_seconds_bucket",
             "stream_batch_size_bucket",
+            "stream_inference_run_seconds_bucket",
             "stream_queue_depth",
             "stream_detections_total",
         ):
