@@ -27,7 +27,9 @@ Decision record:
   keeps every frame; past it, a feed's frame waits at most about two frame intervals before its turn.
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
-  stay full. Measured against first come (2026-12-07): on an H100 with decode processes, 32 paced 1080p feeds
+  stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
+  feed's next part takes the turn (when a stale part counted as the turn, a feed whose older frame had aged
+  past the budget while it waited lost its turn to it, and its fresh frame waited another round). Measured against first come (2026-12-07): on an H100 with decode processes, 32 paced 1080p feeds
   published 47% of the engine's ceiling (221 of 466 img/s), frames queued first come and went stale in the
   queue, and runs left with the stale rows taken out ran part-empty.
 - Sealed runs (full batches, a file's parts merged after `batch_timeout_ms`) wait in a heap, earliest
@@ -305,6 +307,8 @@ class Batcher:
         while rows < self.info.batch and progress:
             progress = False
             for stream, lane in self._lanes.items():
+                while lane and _fresh_rows(lane[0][2], self.run_time) == 0:
+                    group.append(lane.popleft())  # gone stale: dropped and counted by _work, not the feed's turn
                 if not lane:
                     continue
                 n = _fresh_rows(lane[0][2], self.run_time)
@@ -319,8 +323,8 @@ class Batcher:
         for stream in dict.fromkeys(served):
             if self._lanes[stream]:
                 self._lanes.move_to_end(stream)
-            else:
-                del self._lanes[stream]
+        for stream in [s for s, lane in self._lanes.items() if not lane]:
+            del self._lanes[stream]
         return rows
 
     def _from_runs(self, group: list[_Work], rows: int) -> int:

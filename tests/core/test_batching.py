@@ -554,3 +554,39 @@ def test_a_live_part_stops_waiting_to_merge_while_it_is_still_fresh() -> None:
 
     before, after, whole = asyncio.run(case())
     assert [before, after, whole] == pytest.approx([0.05, 0.045, 0.05], abs=1e-5)
+
+
+def test_a_feed_whose_oldest_frame_went_stale_keeps_its_turn() -> None:
+    """A feed's turn is a fresh frame run: a part of it that went stale in its lane is dropped (counted) on the
+    way, and the feed's next part takes the turn, ahead of feeds served after it."""
+    gate = threading.Event()
+    drops: list[tuple[str, str, int]] = []
+
+    class Slow(RecordingEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "busy":
+                gate.wait(5)
+            return super().infer(batch)
+
+    def stale(stream: str) -> Batch:
+        b = _make_part(stream, 1, 0, 1.0, None)  # captured a second ago, against a half-second budget
+        b.max_age_s = 0.5
+        b.on_drop = lambda reason, k: drops.append((stream, reason, k))
+        return b
+
+    async def case() -> Slow:
+        eng = Slow()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.1)
+        futs.append(b.submit(stale("a")))
+        futs.append(b.submit(_live("a", 1, 1, drops)))
+        futs += [b.submit(_live(stream, 1, 0, drops)) for stream in "bcde"]
+        gate.set()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return eng
+
+    eng = asyncio.run(case())
+    assert [(name, frames) for name, frames, _ in eng.batches[1:]] == [("a+b+c+d", [1, 0, 0, 0]), ("e", [0])]
+    assert drops == [("a", "stale", 1)]
