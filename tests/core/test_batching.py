@@ -110,6 +110,20 @@ class RecordingEngine:
         pass
 
 
+class HeldEngine(RecordingEngine):
+    """A RecordingEngine whose runs of stream `held` wait for `gate`: the one inference slot stays busy while
+    the other parts queue up behind it."""
+
+    def __init__(self, gate: threading.Event, held: str = "busy") -> None:
+        super().__init__()
+        self.gate, self.held = gate, held
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        if batch.stream == self.held:
+            self.gate.wait(5)
+        return super().infer(batch)
+
+
 INFO = load_info(default_model_path())
 
 
@@ -298,19 +312,13 @@ def test_live_batches_go_before_queued_file_batches() -> None:
     """With the one inference slot busy, a live batch queued just after file batches runs before them."""
     gate = threading.Event()
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "f0":
-                gate.wait(5)  # hold the slot while the others queue up
-            return super().infer(batch)
-
     def live() -> Batch:
         b = _make_part("live", 4, 0, 0.0, None)
         b.max_age_s = 0.5  # due 0.5 s after its capture: before the files queued 0.2 s earlier (due after 1 s)
         return b
 
     async def case() -> list[str]:
-        eng = Slow()
+        eng = HeldEngine(gate, "f0")
         b = Batcher(eng, INFO, 0.0, workers=1)
         futs = [b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(3)]
         await asyncio.sleep(0.2)
@@ -340,14 +348,8 @@ def test_deadlines_live_first_but_files_that_waited_long_go_before_a_live_batch_
 
     gate = threading.Event()
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "busy":
-                gate.wait(5)
-            return super().infer(batch)
-
     async def case() -> list[str]:
-        eng = Slow()
+        eng = HeldEngine(gate)
         b = Batcher(eng, INFO, 0.0, workers=1)
         futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
         await asyncio.sleep(0.05)
@@ -417,19 +419,13 @@ def test_small_runs_queued_while_the_slot_is_busy_run_together() -> None:
     gate = threading.Event()
     drops: list[int] = []
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "busy":
-                gate.wait(5)
-            return super().infer(batch)
-
     def live(stream: str, n: int, start: int, age_s: float = 0.0) -> Batch:
         b = _make_part(stream, n, start, age_s, None)
         b.max_age_s, b.on_drop = 0.5, lambda _r, n: drops.append(n)
         return b
 
-    async def case() -> tuple[list[Any], Batcher, Slow]:
-        eng = Slow()
+    async def case() -> tuple[list[Any], Batcher, HeldEngine]:
+        eng = HeldEngine(gate)
         b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
         futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
         await asyncio.sleep(0.1)
@@ -475,14 +471,8 @@ def test_a_live_feed_past_its_lane_depth_keeps_its_newest_frames_and_counts_the_
     drops: list[tuple[str, str, int]] = []
     released: list[str] = []
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "busy":
-                gate.wait(5)
-            return super().infer(batch)
-
-    async def case() -> tuple[list[Any], list[bool], Slow, Batcher]:
-        eng = Slow()
+    async def case() -> tuple[list[Any], list[bool], HeldEngine, Batcher]:
+        eng = HeldEngine(gate)
         b = Batcher(eng, INFO, 0.05, workers=1)
         busy = b.submit(_make_part("busy", 4, 0, 0.0, None))
         await asyncio.sleep(0.1)
@@ -510,14 +500,8 @@ def test_live_feeds_share_each_run_round_robin() -> None:
     gate = threading.Event()
     drops: list[tuple[str, str, int]] = []
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "busy":
-                gate.wait(5)
-            return super().infer(batch)
-
-    async def case() -> Slow:
-        eng = Slow()
+    async def case() -> HeldEngine:
+        eng = HeldEngine(gate)
         b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
         futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
         await asyncio.sleep(0.1)
@@ -562,20 +546,14 @@ def test_a_feed_whose_oldest_frame_went_stale_keeps_its_turn() -> None:
     gate = threading.Event()
     drops: list[tuple[str, str, int]] = []
 
-    class Slow(RecordingEngine):
-        def infer(self, batch: Batch) -> list[FrameResult]:
-            if batch.stream == "busy":
-                gate.wait(5)
-            return super().infer(batch)
-
     def stale(stream: str) -> Batch:
         b = _make_part(stream, 1, 0, 1.0, None)  # captured a second ago, against a half-second budget
         b.max_age_s = 0.5
         b.on_drop = lambda reason, k: drops.append((stream, reason, k))
         return b
 
-    async def case() -> Slow:
-        eng = Slow()
+    async def case() -> HeldEngine:
+        eng = HeldEngine(gate)
         b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
         futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
         await asyncio.sleep(0.1)
