@@ -307,11 +307,11 @@ class Batcher:
         while rows < self.info.batch and progress:
             progress = False
             for stream, lane in self._lanes.items():
-                while lane and _fresh_rows(lane[0][2], self.run_time) == 0:
+                n = 0
+                while lane and (n := _fresh_rows(lane[0][2], self.run_time)) == 0:
                     group.append(lane.popleft())  # gone stale: dropped and counted by _work, not the feed's turn
                 if not lane:
                     continue
-                n = _fresh_rows(lane[0][2], self.run_time)
                 if rows + n > self.info.batch:
                     continue
                 group.append(lane.popleft())
