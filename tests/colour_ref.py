@@ -8,8 +8,8 @@ tagged with (or, untagged, the one the default should pick).
 The reference, written here from the formulas and not from stream/sources/colour.py: from the decoded Y, U,
 V planes, chroma upsampled bilinearly at the MPEG-2 siting (chroma j at luma column 2j, chroma i between luma
 rows 2i and 2i + 1, clamped at the edges), converted in float64 with Kr, Kb (BT.601 0.299/0.114, BT.709
-0.2126/0.0722) and the range (limited: Y 16-235, C 16-240; full: 0-255), clipped to [0, 255], kept in
-float; then, for a model input, resized with OpenCV's INTER_LINEAR on float (half-pixel centres, no
+0.2126/0.0722) and the range (limited: Y 16-235, C 16-240; full: 0-255), clipped to [0, 255], rounded to
+8-bit levels (the RGB image a decoder hands out); then, for a model input, resized with OpenCV's INTER_LINEAR on float (half-pixel centres, no
 antialias) and scaled as the model asks.
 """
 
@@ -161,7 +161,7 @@ def frame_reference_rgb(frame: Any) -> np.ndarray:
 
 
 def reference_rgb(y: np.ndarray, u: np.ndarray, v: np.ndarray, matrix: str, full_range: bool) -> np.ndarray:
-    """HxWx3 float64 RGB in [0, 255] from the planes (module docstring; chroma planes of the luma's size, 4:4:4,
+    """HxWx3 float64 RGB in [0, 255], whole levels, from the planes (module docstring; chroma planes of the luma's size, 4:4:4,
     are taken as they are)."""
     H, W = y.shape
     hc, wc = u.shape
@@ -189,7 +189,7 @@ def reference_rgb(y: np.ndarray, u: np.ndarray, v: np.ndarray, matrix: str, full
     r = yy + 2.0 * (1.0 - kr) * cr
     b = yy + 2.0 * (1.0 - kb) * cb
     g = (yy - kr * r - kb * b) / kg
-    return np.clip(np.stack([r, g, b], axis=-1), 0.0, 255.0)
+    return np.floor(np.clip(np.stack([r, g, b], axis=-1), 0.0, 255.0) + 0.5)
 
 
 def reference_row(rgb: np.ndarray, info: Any) -> np.ndarray:

@@ -104,7 +104,7 @@ PACK = (
 # nv12_to_row (stream/sources/nvdec.py) in one pass per output pixel `i` of a [3, h, w] row, the arithmetic of
 # stream/sources/colour.py `rgb_at_taps`: each of the pixel's four luma taps (two rows ly, two columns lx) is
 # converted on its own (its chroma interpolated from two chroma rows cy and two chroma columns cx, the colour
-# matrix applied, clipped to 0..255), then the four RGB values are blended with the bilinear weights (lay,
+# matrix applied, clipped to 0..255, rounded to a level), then the four RGB values are blended with the bilinear weights (lay,
 # lax) and normalised: converting first and resizing second, as a reference converts a whole frame. I: the
 # taps' index type, O: the row's dtype. Every array is passed as a flat (1-D) view.
 ROW = (
@@ -134,7 +134,7 @@ ROW = (
             const float yv = (float)yf[ry * y_pitch + rx];
             for (int c = 0; c < 3; ++c) {
                 const float v = yv * m[c * 3] + ch[0] * m[c * 3 + 1] + ch[1] * m[c * 3 + 2] + offset[c];
-                rgb[ky][kx][c] = fminf(fmaxf(v, 0.0f), 255.0f);
+                rgb[ky][kx][c] = floorf(fminf(fmaxf(v, 0.0f), 255.0f) + 0.5f);  // an 8-bit level, as decoded RGB is
             }
         }
     }

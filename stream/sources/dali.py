@@ -29,7 +29,7 @@ Decision record:
   removed file fails with the usual clear error).
 - Colour (stream/sources/colour.py): the reader is asked for YCbCr (`image_type=YCbCr`: the decoded samples,
   chroma upsampled by DALI), and `ycbcr_to_rgb` converts them in the pipeline with the file's signalled matrix
-  and range (BT.709 for untagged HD, BT.601 for untagged SD), clipped, before the resize: converting first
+  and range (BT.709 for untagged HD, BT.601 for untagged SD), clipped and rounded to 8-bit levels, before the resize: converting first
   and resizing second, as the CPU routes and the NVDEC live route compute. DALI's own YCbCr -> RGB (its
   default RGB output) ignores the file's tags. Where this DALI refuses YCbCr, the pipeline takes DALI's RGB
   and says so in the log. TO VERIFY ON THE GPU HOST (tests/gpu/test_gpu_colour.py): that YCbCr comes out
@@ -64,7 +64,7 @@ DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:
 
 def ycbcr_to_rgb(video: Any, colour: Colour) -> Any:
     """DALI graph: FHWC uint8 YCbCr frames (the reader's `image_type=YCbCr`) -> FHWC float RGB in 0..255, with
-    `colour`'s matrix and range (colour.yuv_to_rgb), clipped. The one place the file route's colour is made."""
+    `colour`'s matrix and range (colour.yuv_to_rgb), clipped and rounded to levels. The one place the file route's colour is made."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
@@ -78,7 +78,7 @@ def ycbcr_to_rgb(video: Any, colour: Colour) -> Any:
         for j in (1, 2):
             if m[k, j] != 0.0:
                 c = c + planes[j] * float(m[k, j])
-        channels.append(dmath.clamp(c, 0.0, 255.0))
+        channels.append(dmath.floor(dmath.clamp(c, 0.0, 255.0) + 0.5))  # an 8-bit level (colour.py)
     return fn.stack(*channels, axis=3, axis_name="C")
 
 

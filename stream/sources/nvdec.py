@@ -28,7 +28,7 @@ Decision record:
   source decodes the feed on the CPU from then on (stream/sources/live.py).
 - Rows from NV12 (`nv12_to_row`, numpy or CuPy): bilinear resize with half-pixel centres and no antialias, the
   arithmetic of OpenCV's INTER_LINEAR on float, applied to the Y plane and to the UV plane at the output
-  pixels' positions; then YUV -> RGB, clipped to [0, 255], then ((pixel * scale) - mean) / std in the model's
+  pixels' positions; then YUV -> RGB, clipped to [0, 255] and rounded to a level, then ((pixel * scale) - mean) / std in the model's
   dtype. The CPU routes do the same (stream/sources/colour.py `yuv420_to_row`, with OpenCV). Resampling before
   the colour conversion equals converting first (both are linear) up to the clipping.
 - Chroma siting: the UV plane is sampled at the MPEG-2 / H.264 default siting ("left"): chroma sample (i, j)
@@ -201,7 +201,7 @@ def nv12_to_row(
     y: [H, W] uint8; uv: [H/2, W/2, 2] or [H/2, W] uint8 (interleaved U, V). colorspace/full_range: the
     conversion (an AVColorSpace and the range, as stream.sources.colour.resolve gives them). siting: "left"
     (MPEG-2, FFmpeg's default for H.264 4:2:0) or "center" (chroma x at 2j + 0.5). The arithmetic is
-    colour.rgb_at_taps: every luma tap converted and clipped, then blended (converting first, resizing
+    colour.rgb_at_taps: every luma tap converted, clipped and rounded to a level, then blended (converting first, resizing
     second). On CuPy everything runs on the current stream, in one kernel (`_row_kernel`, the same taps,
     weights and arithmetic as the array code, which `fused=False` runs instead): the array code is about 30
     CuPy calls a frame, each holding the GIL while it launches, and 16 live feeds' readers share the GIL with

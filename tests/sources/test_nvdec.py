@@ -120,7 +120,8 @@ def tags_of(frame: Any) -> dict[str, Any]:
 
 def float_reference_row(y: np.ndarray, uv: np.ndarray, info: Any, siting: str = "left") -> np.ndarray:
     """Convert first, resize second, all in float: chroma upsampled bilinearly (left siting: chroma j at luma
-    2j; rows centred), BT.601 limited range, clipped, then OpenCV INTER_LINEAR on float, then the scaling."""
+    2j; rows centred), BT.601 limited range, clipped and rounded to 8-bit levels, then OpenCV INTER_LINEAR on
+    float, then the scaling."""
     import cv2
 
     from stream.sources.nvdec import yuv_to_rgb
@@ -142,7 +143,8 @@ def float_reference_row(y: np.ndarray, uv: np.ndarray, info: Any, siting: str = 
     ) * ay
     m, off = yuv_to_rgb()
     yuv = np.stack([y.astype(np.float64), up[..., 0], up[..., 1]])
-    rgb = np.clip(np.tensordot(m, yuv, 1) + off[:, None, None], 0, 255).astype(np.float32).transpose(1, 2, 0)
+    rgb = np.clip(np.tensordot(m, yuv, 1) + off[:, None, None], 0, 255)
+    rgb = np.floor(rgb + 0.5).astype(np.float32).transpose(1, 2, 0)  # an 8-bit level, as decoded RGB is
     if (H, W) != (info.height, info.width):
         rgb = cv2.resize(rgb, (info.width, info.height), interpolation=cv2.INTER_LINEAR)
     a = np.float32(info.scale) / np.asarray(info.std, np.float32)
@@ -459,6 +461,7 @@ def fake_cupy() -> Any:
         "concatenate",
         "sum",
         "clip",
+        "floor",
         "multiply",
         "float32",
         "uint8",
