@@ -185,8 +185,8 @@ def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(
 
 
 def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
-    """Every frame as NVDEC+DALI decode it (YCbCr, source size), copied to the host and converted to RGB (float,
-    clipped) with the file's resolved colour, as the DALI route converts it (dali.ycbcr_to_rgb)."""
+    """Every frame as NVDEC+DALI decode it (YCbCr, source size), copied to the host and converted to RGB (in float,
+    clipped, rounded to levels) with the file's resolved colour, as the DALI route converts it (dali.ycbcr_to_rgb)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -210,7 +210,8 @@ def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
     out = []
     for _ in range(p.epoch_size("r")):
         ycc = np.asarray(p.run()[0].as_cpu().as_tensor())[0, 0].astype(np.float32)
-        out.append(np.clip(ycc @ m.T.astype(np.float32) + off.astype(np.float32), 0.0, 255.0))
+        rgb = np.clip(ycc @ m.T.astype(np.float32) + off.astype(np.float32), 0.0, 255.0)
+        out.append(np.floor(rgb + 0.5))  # 8-bit levels, as the route rounds them (stream/sources/colour.py)
     return out
 
 

@@ -785,7 +785,8 @@ def test_fused_row_kernel_equals_the_array_code(
     model_info: Any, size: tuple[int, int], dtype: str, normalized: bool
 ) -> None:
     """nv12_to_row's one-kernel CuPy form against its array code (fused=False, CuPy) and numpy, on random NV12
-    planes: the same taps and weights, so within float rounding (the kernel may fuse multiply-adds), with
+    planes: the same taps and weights, so within float rounding (the kernel may fuse multiply-adds; a sample at a
+    half level may round the other way), with
     tagged BT.709 full range and centred chroma too, in the model's dtype."""
     from dataclasses import replace
 
@@ -801,6 +802,7 @@ def test_fused_row_kernel_equals_the_array_code(
     y = rng.integers(0, 256, (h, w), dtype=np.uint8)
     uv = rng.integers(0, 256, (h // 2, w), dtype=np.uint8)
     tol = 2e-3 if dtype == "float16" else 2e-5
+    level = float(np.max(np.float32(info.scale) / np.asarray(info.std, np.float32)))  # one 8-bit level, in the row
     for tags in ({}, {"colorspace": 1, "full_range": True, "siting": "center"}):
         rows = {}
         for name, fused in (("fused", True), ("array", False)):
@@ -810,12 +812,13 @@ def test_fused_row_kernel_equals_the_array_code(
         host = np.zeros((3, info.height, info.width), dtype)
         nv12_to_row(np, y, uv, host, info, **tags)
         assert (rows["fused"] != -7.0).all(), "pixels left unwritten"
-        np.testing.assert_allclose(
-            rows["fused"], rows["array"], rtol=0, atol=tol * max(1.0, float(np.abs(rows["array"]).max()))
-        )
-        np.testing.assert_allclose(
-            rows["fused"], host.astype(np.float32), rtol=0, atol=tol * max(1.0, float(np.abs(host).max()))
-        )
+        for other in (rows["array"], host.astype(np.float32)):
+            # within float rounding, but for a converted sample that sits at a half level: the one form rounds
+            # it up and the other down, a level (times its blend weight) apart, at a handful of values
+            d = np.abs(rows["fused"] - other)
+            off = d > tol * max(1.0, float(np.abs(other).max()))
+            assert off.mean() <= 1e-4, f"{int(off.sum())} values differ beyond float rounding"
+            assert float(d.max()) <= level * 1.01 + tol, f"a value {float(d.max()) / level:.2f} levels off"
         same = float((rows["fused"] == rows["array"]).mean())
         print(
             f"{w}x{h} {dtype} {'normalized' if normalized else 'plain'} {tags or 'untagged'}: {same:.4f} of values identical"
