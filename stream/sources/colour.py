@@ -428,7 +428,7 @@ def yuv420_to_row(
     matrix = np.concatenate([m, offset[:, None]], axis=1).astype(np.float32)
     rgb = cv2.transform(cv2.merge([lum, chroma]), matrix)  # [2h, 2w, 3]
     np.clip(rgb, 0.0, 255.0, out=rgb)
-    rgb += 0.5  # rounded to an 8-bit level (module docstring)
+    np.add(rgb, 0.5, out=rgb)  # rounded to an 8-bit level (module docstring)
     np.floor(rgb, out=rgb)
     top = rgb[:h]
     half = rgb[h:] - top  # [h, 2w, 3]: the two row taps blended, a + (b - a) * t
