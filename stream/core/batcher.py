@@ -9,7 +9,9 @@ Decision record:
   the device with CuPy on a copy stream of its own, ordered after each part's `ready` event) and run once.
 - Each part's future resolves with its own frames' results, so a stream's consumer, which awaits its
   futures in order, still publishes in frame order.
-- A part that would overflow the batch flushes what is waiting first; parts are never split.
+- A part that would overflow the batch flushes what is waiting first; parts are never split. A file's part
+  does not wait when its stream is the run's only one (`alone`): nothing could join it, and a one-stream run's
+  first frame (a file shorter than a batch) came a merge wait later.
 - Latest wins for live feeds up to the last moment: when a worker takes a batch, frames of a live feed that
   have outlived `max_staleness_ms` while they waited (for other streams, for a free inference slot) are
   dropped and counted as "stale" instead of being run, so an overloaded daemon spends the GPU on fresh
@@ -61,6 +63,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
@@ -112,8 +115,10 @@ class Batcher:
         timeout_s: float,
         instrument: Instrument | None = None,
         workers: int | None = None,
+        alone: Callable[[str], bool] | None = None,
     ) -> None:
         self.engine = engine
+        self.alone = alone  # alone(stream): no other stream of the run can send a part to merge with
         self.info = info
         self.timeout_s = timeout_s
         self.instrument = instrument or Instrument()  # hears of each inference run (frames, take to results)
@@ -160,7 +165,7 @@ class Batcher:
         fut: asyncio.Future[list[FrameResult]] = loop.create_future()
         self._pending.append((batch, fut))
         self._rows += n
-        if self._rows >= self.info.batch:
+        if self._rows >= self.info.batch or (self.alone is not None and self.alone(batch.stream)):
             self.flush()
             return fut
         deadline = batch.frames[0].captured_at + self.timeout_s

@@ -16,6 +16,7 @@ run by stream.daemon; `wrap_sink` and `wrap_source` let a worker process put its
 from __future__ import annotations
 
 import asyncio
+import importlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
     from stream.sources.live_workers import LiveWorkers
 
 log = logging.getLogger(__name__)
+DECODERS = ("av", "cv2")  # what the CPU sources import on first use (made_with_decoders_imported)
 
 
 def sample_video_path() -> Path:
@@ -138,6 +140,29 @@ class Run:
         await self.close()
 
 
+async def made_with_decoders_imported(device: str, make: Callable[[], Engine]) -> Engine:
+    """`make()` (the engine) in a worker thread; on the CPU, the decoders the sources will import (PyAV and OpenCV,
+    about 0.1 s of imports holding the GIL on a 2-core machine) are imported on this thread meanwhile, while ONNX
+    Runtime creates its session without the GIL: the first frame comes that much sooner. The CPU engine's module
+    (and ONNX Runtime) is imported first, here, so that the two threads never import the same module at once."""
+    if device != "cpu":
+        return await asyncio.to_thread(make)
+    import stream.engines.cpu  # noqa: F401
+
+    try:
+        import onnxruntime  # noqa: F401
+    except ImportError:  # the engine says so, with what to install
+        pass
+    made = asyncio.ensure_future(asyncio.to_thread(make))
+    await asyncio.sleep(0)  # the worker thread takes the call
+    for name in DECODERS:
+        try:
+            importlib.import_module(name)
+        except ImportError:  # the source that needs it says so, with what to install
+            pass
+    return await made
+
+
 async def build_run(
     cfg: Config,
     *,
@@ -165,7 +190,7 @@ async def build_run(
     keys = server_keys(cfg.curve_secret, cfg.curve_clients)
     device = choose_device(cfg.device, cfg.device_id)
     stages.mark(f"device ({device})")
-    engine = await asyncio.to_thread(make_engine, device, info, cfg)
+    engine = await made_with_decoders_imported(device, lambda: make_engine(device, info, cfg))
     stages.mark("engine")
     closers: list[Callable[[], object]] = [engine.close]
     publisher = None

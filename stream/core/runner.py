@@ -64,7 +64,13 @@ class Runner:
         self.keep_running = keep_running
         self.opens_on_loop = opens_on_loop or (lambda src: False)
         self.stats = {s.id: StreamStats(s.id, redact(s.location)) for s in sources}
-        self.batcher = Batcher(engine, info, cfg.batch_timeout_ms / 1000.0, instrument=self.instrument)
+        self.batcher = Batcher(
+            engine,
+            info,
+            cfg.batch_timeout_ms / 1000.0,
+            instrument=self.instrument,
+            alone=lambda sid: self.running_ids() <= {sid},
+        )
         self.status = RunStatus(self.stats, info, lambda: (self.running, self.stopping.is_set()))
         self.stopping = asyncio.Event()
         self.started = asyncio.Event()  # set once the run's streams are started: add() works from then on

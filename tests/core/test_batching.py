@@ -195,6 +195,37 @@ def test_batcher_full_batches_go_at_once_and_old_frames_flush_now() -> None:
     assert sizes == [4, 1]
 
 
+def test_a_file_part_of_the_only_stream_does_not_wait_to_merge() -> None:
+    """A partial file part waits up to the timeout for other streams' parts, unless its stream is the run's only
+    one: then nothing can join it, and it runs at once (a one-frame file's first frame, a merge wait sooner)."""
+
+    async def case(alone: bool) -> float:
+        eng = RecordingEngine()
+        b = Batcher(eng, INFO, 0.5, workers=1, alone=lambda sid: alone and sid == "only")
+        t0 = time.perf_counter()
+        res = await b.submit(_part("only", 1)())
+        took = time.perf_counter() - t0
+        await asyncio.to_thread(b.close)
+        assert [len(res)] == [1] and [x[0] for x in eng.batches] == ["only"]
+        return took
+
+    assert asyncio.run(case(True)) < 0.2
+    assert asyncio.run(case(False)) >= 0.45  # another stream could still send a part: it waits
+
+
+def test_a_one_stream_run_publishes_a_short_file_without_the_merge_wait(tmp_path: Path) -> None:
+    """The runner tells the batcher when a stream is its only one: a file shorter than a batch is published
+    at once, not a `batch_timeout_ms` later (set to 3 s here)."""
+    from tests.conftest import collect_run, free_port
+
+    video = make_sample_video(tmp_path / "one.mp4", width=160, height=96, seconds=0.1)
+    _, msgs = collect_run([str(video)], f"tcp://127.0.0.1:{free_port()}", batch_timeout_ms=3000)
+    frames = [m for m in msgs["one"] if m["type"] == "detections"]
+    assert 0 < len(frames) < INFO.batch
+    waited = max(m["published_at"] - m["captured_at"] for m in frames)
+    assert waited < 1.5, f"a frame waited {waited:.2f} s to be published"
+
+
 def test_batcher_merged_rows_are_the_parts_rows() -> None:
     info = INFO
     seen: list[np.ndarray] = []
