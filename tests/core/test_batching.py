@@ -363,6 +363,31 @@ def test_live_batches_go_before_queued_file_batches() -> None:
     assert asyncio.run(case()) == ["f0", "live", "f1", "f2"]
 
 
+def test_a_live_part_waiting_to_merge_goes_before_file_runs_due_later() -> None:
+    """A free worker does not take a file run due later than a live part that is still waiting to merge: the
+    run would keep the worker busy past the live frame's budget. The live part runs at once, alone."""
+    gate = threading.Event()
+
+    def live() -> Batch:
+        b = _make_part("live", 1, 0, 0.0, None)
+        b.max_age_s = 0.5  # due 0.5 s after its capture: before the files (due 1 s after they were queued)
+        return b
+
+    async def case() -> list[str]:
+        eng = HeldEngine(gate, "f0")
+        b = Batcher(eng, INFO, 0.3, workers=1)  # a live part may wait up to 0.3 s to merge
+        futs = [b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(3)]
+        await asyncio.sleep(0.05)
+        futs.append(b.submit(live()))
+        await asyncio.sleep(0.01)
+        gate.set()  # the worker is free again, well within the live part's merge wait
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [x[0] for x in eng.batches]
+
+    assert asyncio.run(case()) == ["f0", "live", "f1", "f2"]
+
+
 def test_deadlines_live_first_but_files_that_waited_long_go_before_a_live_batch_with_time_left() -> None:
     """Earliest deadline first: a live batch is due when its oldest frame goes stale, a file batch FILE_DUE_S
     after it was queued. Four file batches queued 0.9 s before a live batch with a 0.5-s budget are due first
