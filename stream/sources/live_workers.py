@@ -20,6 +20,13 @@ Decision record:
 - `live_workers = "auto"`: on CUDA, one process per FEEDS_PER_WORKER feeds, started as feeds come, at most
   the usable cores less one; on the CPU, none (threads: see bench/RESULTS.md for the measurement behind it).
   A number N: at most N processes, feeds shared out least loaded.
+- What processes cost on a GPU (measured 2026-12-07 on an H100, bench/RESULTS.md): every worker's decoding runs
+  in its own CUDA context (NVDEC maps and copies each decoded frame there), and without MPS the GPU time-slices
+  between contexts. Four processes doing a little GPU work 120 times a second took 13-18% of the engine's
+  inference-only rate, eight 28%; idle contexts took nothing, and skipping the workers' row kernel saved almost
+  nothing. So at 16 paced 1080p feeds threads published 93% of the ceiling and processes 82%; past about 24
+  feeds the GIL takes the threads down and processes do better (74% against 60% at 32, p99 124 ms against 303).
+  Open: MPS, or workers that only demux and leave decoding to this process's single context.
 """
 
 from __future__ import annotations
