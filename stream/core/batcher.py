@@ -10,8 +10,9 @@ Decision record:
 - Each part's future resolves with its own frames' results, so a stream's consumer, which awaits its
   futures in order, still publishes in frame order.
 - A part that would overflow the batch flushes what is waiting first; parts are never split. A file's part
-  does not wait when its stream is the run's only one (`alone`): nothing could join it, and a one-stream run's
-  first frame (a file shorter than a batch) came a merge wait later.
+  stops waiting once every stream of the run (`running`) has a part waiting: nothing else could join them (a
+  one-stream run's first frame, a file shorter than a batch, came a merge wait later; so did the tails of files
+  that all end together).
 - Latest wins for live feeds up to the last moment: when a worker takes a batch, frames of a live feed that
   have outlived `max_staleness_ms` while they waited (for other streams, for a free inference slot) are
   dropped and counted as "stale" instead of being run, so an overloaded daemon spends the GPU on fresh
@@ -119,10 +120,10 @@ class Batcher:
         timeout_s: float,
         instrument: Instrument | None = None,
         workers: int | None = None,
-        alone: Callable[[str], bool] | None = None,
+        running: Callable[[], set[str]] | None = None,
     ) -> None:
         self.engine = engine
-        self.alone = alone  # alone(stream): no other stream of the run can send a part to merge with
+        self.running = running  # the ids of the run's streams that may still send parts
         self.info = info
         self.timeout_s = timeout_s
         self.instrument = instrument or Instrument()  # hears of each inference run (frames, take to results)
@@ -169,7 +170,7 @@ class Batcher:
         fut: asyncio.Future[list[FrameResult]] = loop.create_future()
         self._pending.append((batch, fut))
         self._rows += n
-        if self._rows >= self.info.batch or (self.alone is not None and self.alone(batch.stream)):
+        if self._rows >= self.info.batch or self._all_waiting():
             self.flush()
             return fut
         deadline = batch.frames[0].captured_at + self.timeout_s
@@ -179,6 +180,10 @@ class Batcher:
                 self._timer.cancel()
             self._timer = loop.call_later(max(0.0, deadline - time.time()), self.flush)
         return fut
+
+    def _all_waiting(self) -> bool:
+        """Every stream of the run has a file part waiting to merge: no other part can come to join them."""
+        return self.running is not None and self.running() <= {b.stream for b, _ in self._pending}
 
     def flush(self) -> None:
         """Send the file parts waiting to merge to the engine now (live parts wait in their lanes for a take)."""

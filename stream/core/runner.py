@@ -69,7 +69,7 @@ class Runner:
             info,
             cfg.batch_timeout_ms / 1000.0,
             instrument=self.instrument,
-            alone=lambda sid: self.running_ids() <= {sid},
+            running=self.running_ids,
         )
         self.status = RunStatus(self.stats, info, lambda: (self.running, self.stopping.is_set()))
         self.stopping = asyncio.Event()

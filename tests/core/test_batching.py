@@ -195,22 +195,24 @@ def test_batcher_full_batches_go_at_once_and_old_frames_flush_now() -> None:
     assert sizes == [4, 1]
 
 
-def test_a_file_part_of_the_only_stream_does_not_wait_to_merge() -> None:
-    """A partial file part waits up to the timeout for other streams' parts, unless its stream is the run's only
-    one: then nothing can join it, and it runs at once (a one-frame file's first frame, a merge wait sooner)."""
+def test_file_parts_stop_waiting_once_every_stream_has_one_waiting() -> None:
+    """A partial file part waits up to the timeout for other streams' parts, unless every stream of the run
+    already has a part waiting: then nothing else can join them, and they run at once (a one-stream run's
+    short file, the tails of files ending together)."""
 
-    async def case(alone: bool) -> float:
+    async def case(running: set[str], parts: list[str]) -> float:
         eng = RecordingEngine()
-        b = Batcher(eng, INFO, 0.5, workers=1, alone=lambda sid: alone and sid == "only")
+        b = Batcher(eng, INFO, 0.5, workers=1, running=lambda: running)
         t0 = time.perf_counter()
-        res = await b.submit(_part("only", 1)())
+        res = await asyncio.gather(*(b.submit(_part(sid, 1)()) for sid in parts))
         took = time.perf_counter() - t0
         await asyncio.to_thread(b.close)
-        assert [len(res)] == [1] and [x[0] for x in eng.batches] == ["only"]
+        assert [len(r) for r in res] == [1] * len(parts) and [x[0] for x in eng.batches] == ["+".join(parts)]
         return took
 
-    assert asyncio.run(case(True)) < 0.2
-    assert asyncio.run(case(False)) >= 0.45  # another stream could still send a part: it waits
+    assert asyncio.run(case({"only"}, ["only"])) < 0.2
+    assert asyncio.run(case({"a", "b"}, ["a", "b"])) < 0.2  # both tails in: one run, at once
+    assert asyncio.run(case({"a", "b"}, ["a"])) >= 0.45  # b could still send a part: it waits
 
 
 def test_a_one_stream_run_publishes_a_short_file_without_the_merge_wait(tmp_path: Path) -> None:

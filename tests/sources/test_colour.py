@@ -305,7 +305,9 @@ def test_swscale_stands_in_only_for_left_sited_decoders(tmp_path: Path) -> None:
             assert frame_colour(next(c.decode(vs)), vs.codec_context).left_sited is sited, codec
 
 
-def test_both_cpu_conversions_give_the_same_detections(tmp_path: Path, model_info: Any) -> None:
+def test_both_cpu_conversions_give_the_same_detections(
+    tmp_path: Path, model_info: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The two ways the CPU routes convert a frame (swscale whole, or from the planes) give the shipped model the
     same detections: both round the converted samples to 8-bit levels before the resize. The shipped model has
     random weights and is sensitive to its input: when the planes kept the unrounded value (within half a
@@ -321,19 +323,16 @@ def test_both_cpu_conversions_give_the_same_detections(tmp_path: Path, model_inf
     engine = CpuEngine(model_info)
     runs = []
     for ratio in (host.SWSCALE_MAX_RATIO, 0):  # 640x360 is converted whole by default; 0 forces the planes
-        host_ratio, host.SWSCALE_MAX_RATIO = host.SWSCALE_MAX_RATIO, ratio
-        try:
-            dets = []
-            for b in host.HostBatchSource(Source("plain", str(video)), model_info):
-                data = np.array(b.data, copy=True)
-                n = len(b.frames)
-                b.done()
-                for r in engine.infer(Batch("plain", b.frames, data))[:n]:
-                    dets.append(
-                        detection_list(r.boxes.tolist(), r.scores.tolist(), r.labels.tolist(), model_info.label_names)
-                    )
-        finally:
-            host.SWSCALE_MAX_RATIO = host_ratio
+        monkeypatch.setattr(host, "SWSCALE_MAX_RATIO", ratio)
+        dets = []
+        for b in host.HostBatchSource(Source("plain", str(video)), model_info):
+            data = np.array(b.data, copy=True)
+            n = len(b.frames)
+            b.done()
+            for r in engine.infer(Batch("plain", b.frames, data))[:n]:
+                dets.append(
+                    detection_list(r.boxes.tolist(), r.scores.tolist(), r.labels.tolist(), model_info.label_names)
+                )
         runs.append(dets)
     engine.close()
     whole, from_planes = runs
