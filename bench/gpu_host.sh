@@ -9,6 +9,8 @@
 #   bash bench/gpu_host.sh latency   live feeds, capture to subscriber: bench/latency.py (paced 1080p30 feeds)
 #   bash bench/gpu_host.sh workers   live feeds read by threads against decode worker processes (A/B), 8 to 32
 #                                    feeds, then 48 feeds at detect_fps 8
+#   bash bench/gpu_host.sh mps       the same A/B with CUDA's MPS control daemon running for this bench only (its
+#                                    pipe and log folders private to it, quit at the end)
 #   bash bench/gpu_host.sh soak      files and a live feed for MINUTES (default 10) with faults injected: bench/soak.py
 #   bash bench/gpu_host.sh all       check, export, test, bench
 #
@@ -136,6 +138,29 @@ workers() {
   grep -E "^\| paced" "$OUT/workers-48-cuda.txt"
 }
 
+mps() {
+  # decode processes share the GPU with the engine through one MPS server instead of time-sliced contexts.
+  # The daemon is this bench's own: private pipe and log folders (only processes given them use it), quit
+  # at the end; the GPU's compute mode and other settings are left as they are.
+  command -v nvidia-cuda-mps-control > /dev/null || { echo "nvidia-cuda-mps-control: not on this host" | tee "$OUT/mps.txt"; return 1; }
+  need "device 8 fp16"
+  export CUDA_MPS_PIPE_DIRECTORY=/tmp/stream-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/stream-mps/log
+  mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+  nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start" | tee "$OUT/mps.txt"; return 1; }
+  timeout 400 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
+    --modes paced --feeds ${MPS_FEEDS:-16 24 32} --seconds 8 --warmup 3 --live-workers ${MPS_WORKERS:-auto 0} \
+    --json "$OUT/mps-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps-cuda.txt"
+  grep -E "^\| paced" "$OUT/mps-cuda.txt"
+  timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
+    --modes paced --feeds 48 --seconds 8 --warmup 3 --live-workers auto --set detect_fps=8 \
+    --json "$OUT/mps-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps-48-cuda.txt"
+  grep -E "^\| paced" "$OUT/mps-48-cuda.txt"
+  echo get_server_list | nvidia-cuda-mps-control > "$OUT/mps-servers.txt" 2>&1
+  echo quit | nvidia-cuda-mps-control
+  cp -r "$CUDA_MPS_LOG_DIRECTORY" "$OUT/mps-log" 2>/dev/null
+  unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+}
+
 soak() {
   # 4 looped 1080p files and a paced live feed for MINUTES, faults injected; the daemon's log (with SIGUSR1
   # stack dumps) comes back beside the table
@@ -154,7 +179,8 @@ case $what in
   sweep) sweep ;;
   latency) latency ;;
   workers) workers ;;
+  mps) mps ;;
   soak) soak ;;
   all) check; export_models; gpu_tests; bench ;;
-  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|workers|soak|all" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|workers|mps|soak|all" >&2; exit 2 ;;
 esac
