@@ -62,9 +62,32 @@ DALI_CODECS = {"h264", "hevc"}
 DALI_PIX_FMTS = {"yuv420p", "yuvj420p", "nv12"}  # NVDEC decodes 4:2:0 H.264 (4:4:4 H.264 it does not)
 
 
-def ycbcr_to_rgb(video: Any, colour: Colour) -> Any:
+def left_sited_chroma(plane: Any) -> Any:
+    """DALI graph: a chroma plane as DALI's reader upsamples it ([F, H, W] float, W even) -> the same plane
+    upsampled at the MPEG-2 / H.264 default siting, the reference of every other route (colour.py).
+
+    DALI's YCbCr output upsamples 4:2:0 chroma bilinearly at the centre siting: output column 2k is
+    0.25*C[k-1] + 0.75*C[k] and 2k+1 is 0.75*C[k] + 0.25*C[k+1], edges clamped (its color_space.cu); its rows
+    already sit where ours do (between two luma rows). Left siting wants C[k] at 2k and (C[k] + C[k+1]) / 2 at
+    2k+1, which are exact combinations of DALI's columns: C[k] = 1.5*D[2k] - 0.5*D[2k-1] and
+    (C[k] + C[k+1]) / 2 = (D[2k+1] + D[2k+2]) / 2, with the same clamping at both edges. Only the rounding of
+    DALI's uint8 output is left (at most a level of chroma before the matrix)."""
+    import nvidia.dali.fn as fn
+
+    pairs = fn.reshape(plane, src_dims=[0, 1, 2, -1], rel_shape=[1, 1, 0.5, 2])  # [F, H, W/2, 2]: (D[2k], D[2k+1])
+    even, odd = pairs[:, :, :, 0], pairs[:, :, :, 1]
+    odd_before = fn.cat(even[:, :, :1], odd[:, :, :-1], axis=2)  # D[2k-1], clamped: D[0] at k = 0
+    even_after = fn.cat(even[:, :, 1:], odd[:, :, -1:], axis=2)  # D[2k+2], clamped: D[W-1] at the last k
+    at_even = even * 1.5 - odd_before * 0.5
+    at_odd = (odd + even_after) * 0.5
+    return fn.reshape(fn.stack(at_even, at_odd, axis=3), src_dims=[0, 1, 2], rel_shape=[1, 1, 2])
+
+
+def ycbcr_to_rgb(video: Any, colour: Colour, resite: bool = True) -> Any:
     """DALI graph: FHWC uint8 YCbCr frames (the reader's `image_type=YCbCr`) -> FHWC float RGB in 0..255, with
-    `colour`'s matrix and range (colour.yuv_to_rgb), clipped and rounded to levels. The one place the file route's colour is made."""
+    `colour`'s matrix and range (colour.yuv_to_rgb), clipped and rounded to levels; `resite`: chroma moved to
+    the MPEG-2 siting first (`left_sited_chroma`; frames of even width). The one place the file route's colour
+    is made."""
     import nvidia.dali.fn as fn
     import nvidia.dali.math as dmath
     import nvidia.dali.types as types
@@ -72,6 +95,8 @@ def ycbcr_to_rgb(video: Any, colour: Colour) -> Any:
     m, offset = yuv_to_rgb(colour.colorspace, colour.full_range)
     f = fn.cast(video, dtype=types.FLOAT)
     planes = [f[:, :, :, 0], f[:, :, :, 1], f[:, :, :, 2]]  # Y, Cb, Cr: [F, H, W] each
+    if resite:
+        planes[1], planes[2] = left_sited_chroma(planes[1]), left_sited_chroma(planes[2])
     channels = []
     for k in range(3):
         c = planes[0] * float(m[k, 0]) + float(offset[k])
@@ -89,8 +114,10 @@ def build_pipeline(
     num_threads: int = 2,
     sizes: bool = True,
     colour: Colour | None = None,
+    resite: bool = True,
 ) -> Any:
-    """The file's pipeline. colour: convert DALI's YCbCr with it (`ycbcr_to_rgb`); None: DALI's own RGB."""
+    """The file's pipeline. colour: convert DALI's YCbCr with it (`ycbcr_to_rgb`, chroma re-sited where
+    `resite`); None: DALI's own RGB."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -114,7 +141,7 @@ def build_pipeline(
         )
         shape = video.shape() if sizes else None
         if colour is not None:
-            video = ycbcr_to_rgb(video, colour)  # [F, H, W, C] of the decoded frames, before the resize
+            video = ycbcr_to_rgb(video, colour, resite)  # [F, H, W, C] of the decoded frames, before the resize
         video = fn.resize(
             video,
             resize_x=info.width,
@@ -182,18 +209,40 @@ class DaliBatchSource:
 
     def _build(self) -> Any:
         """The pipeline, in the first form this DALI builds: with the file's colour (YCbCr out of the reader,
-        converted by `ycbcr_to_rgb`) and frame sizes, then without sizes, then with DALI's own RGB."""
+        chroma re-sited, converted by `ycbcr_to_rgb`) and frame sizes, then without sizes, then without the
+        re-siting, then with DALI's own RGB."""
         src, info, errors = self.src, self.info, []
-        for colour, sizes in ((self.colour, True), (self.colour, False), (None, True), (None, False)):
+        resite = self.vi.width % 2 == 0  # 4:2:0 chroma of an odd width is not pairs of columns: left as DALI makes it
+        forms: list[tuple[Colour | None, bool, bool]] = [(self.colour, True, resite), (self.colour, False, resite)]
+        if resite:
+            forms += [(self.colour, True, False), (self.colour, False, False)]
+        forms += [(None, True, False), (None, False, False)]
+        for colour, sizes, resited in forms:
             try:
-                pipe = build_pipeline(src.location, info, self.device_id, sizes=sizes, colour=colour)
+                pipe = build_pipeline(src.location, info, self.device_id, sizes=sizes, colour=colour, resite=resited)
                 pipe.build()
             except Exception as exc:
                 errors.append(first_line(exc))
-                log.debug("DALI pipeline (colour %s, sizes %s) failed: %s", colour is not None, sizes, errors[-1])
+                log.debug(
+                    "DALI pipeline (colour %s, sizes %s, chroma re-sited %s) failed: %s",
+                    colour is not None,
+                    sizes,
+                    resited,
+                    errors[-1],
+                )
                 continue
-            if colour is not None:
-                log.info("stream %s: %s (DALI YCbCr, chroma as DALI upsamples it)", src.id, colour.describe())
+            if colour is not None and resited:
+                log.info(
+                    "stream %s: %s (DALI YCbCr, chroma re-sited from DALI's centre siting)", src.id, colour.describe()
+                )
+            elif colour is not None:
+                log.warning(
+                    "stream %s: %s, but chroma as DALI upsamples it (centre siting: up to a few levels off at "
+                    "colour edges)%s",
+                    src.id,
+                    colour.describe(),
+                    "" if not resite else f" ({errors[-1] if errors else '?'})",
+                )
             else:
                 log.warning(
                     "stream %s: %s; but this DALI gives no YCbCr (%s): converted by DALI's own fixed YCbCr -> RGB, "
