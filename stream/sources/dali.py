@@ -28,12 +28,16 @@ Decision record:
   over a file whose inode, size and mtime are unchanged; otherwise the next pass builds a new pipeline (and a
   removed file fails with the usual clear error).
 - Colour (stream/sources/colour.py): the reader is asked for YCbCr (`image_type=YCbCr`: the decoded samples,
-  chroma upsampled by DALI), and `ycbcr_to_rgb` converts them in the pipeline with the file's signalled matrix
-  and range (BT.709 for untagged HD, BT.601 for untagged SD), clipped and rounded to 8-bit levels, before the resize: converting first
-  and resizing second, as the CPU routes and the NVDEC live route compute. DALI's own YCbCr -> RGB (its
-  default RGB output) ignores the file's tags. Where this DALI refuses YCbCr, the pipeline takes DALI's RGB
-  and says so in the log. TO VERIFY ON THE GPU HOST (tests/gpu/test_gpu_colour.py): that YCbCr comes out
-  as the decoded samples (not rescaled), and how DALI upsamples chroma (the fidelity test measures it).
+  not range-converted, chroma upsampled by DALI), and `ycbcr_to_rgb` converts them in the pipeline with the
+  file's signalled matrix and range (BT.709 for untagged HD, BT.601 for untagged SD), clipped and rounded to
+  8-bit levels, before the resize: converting first and resizing second, as the CPU routes and the NVDEC
+  routes compute. DALI's own YCbCr -> RGB (its default RGB output) is BT.601 whatever the file says.
+- Chroma siting: DALI 2.x gives no 4:2:0 planes (its video operators output RGB or YCbCr at full size only),
+  and its reader upsamples chroma bilinearly at the centre siting (its color_space.cu; checked on the GPU by
+  tests/gpu/test_gpu_colour.py), half a luma column right of the MPEG-2 siting every other route uses. Its
+  columns are exact linear combinations of ours, so `left_sited_chroma` re-sites them in the pipeline; what is
+  left is DALI's rounding to uint8 (at most a level of chroma). Where this DALI refuses YCbCr or the reshape,
+  the pipeline falls back (DALI's chroma as it is, then DALI's RGB) and says so in the log.
 - Where DALI fails part-way through a file (a resolution change NVDEC's reader does not take, a damaged GOP),
   the rest of the file, from the first frame not yet published, is decoded on the CPU with PyAV: nothing is
   lost or published twice, and a file that PyAV cannot read either fails with PyAV's clear error.
