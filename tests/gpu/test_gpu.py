@@ -184,9 +184,22 @@ def test_codec_nvdec_does_not_take_falls_back_to_cpu_decode(
     check_stream(msgs["mpeg4_odd"], "mpeg4_odd", videos["mpeg4_odd"], model_info.label_names)
 
 
+def _left_sited(d: np.ndarray) -> np.ndarray:
+    """dali.left_sited_chroma on one [H, W] plane (W even), in numpy: column 2k = 1.5 D[2k] - 0.5 D[2k-1],
+    column 2k+1 = (D[2k+1] + D[2k+2]) / 2, edges clamped."""
+    even, odd = d[:, 0::2], d[:, 1::2]
+    odd_before = np.concatenate([even[:, :1], odd[:, :-1]], axis=1)
+    even_after = np.concatenate([even[:, 1:], odd[:, -1:]], axis=1)
+    out = np.empty_like(d)
+    out[:, 0::2] = even * np.float32(1.5) - odd_before * np.float32(0.5)
+    out[:, 1::2] = (odd + even_after) * np.float32(0.5)
+    return out
+
+
 def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
-    """Every frame as NVDEC+DALI decode it (YCbCr, source size), copied to the host and converted to RGB (in float,
-    clipped, rounded to levels) with the file's resolved colour, as the DALI route converts it (dali.ycbcr_to_rgb)."""
+    """Every frame as NVDEC+DALI decode it (YCbCr, source size), copied to the host, its chroma re-sited and
+    converted to RGB (in float, clipped, rounded to levels) with the file's resolved colour, as the DALI route
+    converts it (dali.left_sited_chroma, dali.ycbcr_to_rgb)."""
     import nvidia.dali.fn as fn
     import nvidia.dali.types as types
     from nvidia.dali import pipeline_def
@@ -210,6 +223,7 @@ def _dali_rgb_frames(path: Path) -> list[np.ndarray]:
     out = []
     for _ in range(p.epoch_size("r")):
         ycc = np.asarray(p.run()[0].as_cpu().as_tensor())[0, 0].astype(np.float32)
+        ycc[..., 1], ycc[..., 2] = _left_sited(ycc[..., 1]), _left_sited(ycc[..., 2])
         rgb = np.clip(ycc @ m.T.astype(np.float32) + off.astype(np.float32), 0.0, 255.0)
         out.append(np.floor(rgb + 0.5))  # 8-bit levels, as the route rounds them (stream/sources/colour.py)
     return out

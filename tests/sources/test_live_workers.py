@@ -332,3 +332,21 @@ def test_a_late_record_of_a_removed_feed_never_reaches_a_new_feed_of_the_same_id
         await pool.close()
 
     asyncio.run(go())
+
+
+def test_mps_is_found_by_its_control_pipe(tmp_path: Path) -> None:
+    """The MPS control daemon is running where its pipe folder (CUDA_MPS_PIPE_DIRECTORY, else /tmp/nvidia-mps)
+    holds its `control` FIFO: what the CUDA driver connects to. A folder without it, or a plain file named
+    control, is not MPS."""
+    from stream.sources.live_workers import mps_pipe_directory
+
+    pipes = tmp_path / "mps"
+    pipes.mkdir()
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(pipes)}
+    assert mps_pipe_directory(env) is None
+    (pipes / "control").write_text("")
+    assert mps_pipe_directory(env) is None
+    (pipes / "control").unlink()
+    os.mkfifo(pipes / "control")
+    assert mps_pipe_directory(env) == str(pipes)
+    assert mps_pipe_directory({"CUDA_MPS_PIPE_DIRECTORY": str(tmp_path / "absent")}) is None
