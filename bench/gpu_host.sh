@@ -141,23 +141,28 @@ workers() {
 mps() {
   # decode processes share the GPU with the engine through one MPS server instead of time-sliced contexts.
   # The daemon is this bench's own: private pipe and log folders (only processes given them use it), quit
-  # at the end; the GPU's compute mode and other settings are left as they are.
+  # at the end; the GPU's compute mode and other settings are left as they are. MPS_FEEDS, MPS_WORKERS: the
+  # points; MPS_SET=KEY=VALUE: a config override for every point (outputs named mps-KEY-VALUE-*); MPS_48=0:
+  # without the 48-feed point.
   command -v nvidia-cuda-mps-control > /dev/null || { echo "nvidia-cuda-mps-control: not on this host" | tee "$OUT/mps.txt"; return 1; }
   need "device 8 fp16"
+  local tag="" set=()
+  if [ -n "${MPS_SET:-}" ]; then tag="-${MPS_SET//=/-}"; set=(--set "$MPS_SET"); fi
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/stream-mps/pipe CUDA_MPS_LOG_DIRECTORY=/tmp/stream-mps/log
   mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
   nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start" | tee "$OUT/mps.txt"; return 1; }
   timeout 400 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
     --modes paced --feeds ${MPS_FEEDS:-16 24 32} --seconds 8 --warmup 3 --live-workers ${MPS_WORKERS:-auto 0} \
-    --json "$OUT/mps-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps-cuda.txt"
-  grep -E "^\| paced" "$OUT/mps-cuda.txt"
-  timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
-    --modes paced --feeds 48 --seconds 8 --warmup 3 --live-workers auto --set detect_fps=8 \
-    --json "$OUT/mps-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps-48-cuda.txt"
-  grep -E "^\| paced" "$OUT/mps-48-cuda.txt"
+    "${set[@]}" --json "$OUT/mps$tag-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-cuda.txt"
+  grep -E "^\| paced" "$OUT/mps$tag-cuda.txt"
+  if [ "${MPS_48:-1}" = 1 ]; then
+    timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
+      --modes paced --feeds 48 --seconds 8 --warmup 3 --live-workers auto --set detect_fps=8 "${set[@]}" \
+      --json "$OUT/mps$tag-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-48-cuda.txt"
+    grep -E "^\| paced" "$OUT/mps$tag-48-cuda.txt"
+  fi
   echo get_server_list | nvidia-cuda-mps-control > "$OUT/mps-servers.txt" 2>&1
   echo quit | nvidia-cuda-mps-control
-  cp -r "$CUDA_MPS_LOG_DIRECTORY" "$OUT/mps-log" 2>/dev/null
   unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
 }
 
