@@ -664,6 +664,14 @@ class DeviceRows:
             ev.record(self.stream)
         return ev
 
+    def retire(self) -> None:
+        """The owner has let go of every batch: give the device memory CuPy's pool keeps for this stream back
+        to the driver (blocks freed on a stream are reused only on that stream; nothing else allocates on it)."""
+        cp = self._cp
+        with self._device:
+            self.stream.synchronize()
+            cp.get_default_memory_pool().free_all_blocks(stream=self.stream)
+
     def warm_up(self) -> None:
         """Compile the row kernels once (CuPy compiles on first use), before the first frame waits on it."""
         cp = self._cp

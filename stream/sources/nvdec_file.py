@@ -17,6 +17,12 @@ Decision record:
   (host.host_batches_from), which also gives a damaged or truncated file its clear error. Nothing is lost or
   handed out twice.
 - A resolution change: NvdecDecoder makes a new decoder at new sequence parameters; frames carry their own size.
+- Device memory goes back when the file is done: the source's batches and the row kernel's temporaries come
+  from CuPy's pool on the source's own CUDA stream, and CuPy reuses a freed block only on the stream it was
+  allocated on. So once iteration has ended and every batch is back, the source frees its stream's cached blocks
+  (`DeviceRows.retire`). Without it every file, and every pass of a looped one, left its blocks in the pool: on
+  an H100 (2026-12-07, bench/soak.py, four looped 1080p files) the daemon's GPU memory grew by about 180 MB a
+  pass, 0.4 GB a second, to the card's 80 GB, where CuPy's out-of-memory path freed it and it grew again.
 - The default on CUDA since it was measured against DALI on an H100 (2026-12-07, bench/streams.py, 8 streams of
   1080p, 3 buffers, the same run): 467.4 fps end to end against DALI's 419.7, inference only 469.8; its rows
   the reference's exactly on every clip of tests/gpu/test_gpu_colour.py (stream/sources/registry.py).
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -38,6 +45,7 @@ from stream.sources.naming import Source
 from stream.sources.pyav import VideoInfo
 
 log = logging.getLogger(__name__)
+_said_colour: dict[tuple[str, str], str] = {}  # (stream id, file) -> the colour last logged for it
 
 
 class NvdecFileSource:
@@ -53,12 +61,37 @@ class NvdecFileSource:
         self.frames_expected: int | None = vi.frames_declared or None
         self.rows = DeviceRows(info, device_id)
         self._free: queue.Queue[Any] = queue.Queue()
-        for _ in range(max(2, pool)):
+        self._made = max(2, pool)
+        for _ in range(self._made):
             self._free.put(self.rows.new_batch())
         self._closed = False
         self._warm = False
+        self._ended = False  # iteration is over: the batches are retired once they are all back
+        self._retired = False
+        self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[Batch]:
+        try:
+            yield from self._batches()
+        finally:
+            self._ended = True
+            self._maybe_retire()
+
+    def _give_back(self, data: Any) -> None:
+        self._free.put(data)
+        self._maybe_retire()
+
+    def _maybe_retire(self) -> None:
+        """Once iteration has ended and every batch is back: drop them and free the stream's cached blocks."""
+        with self._lock:
+            if self._retired or not self._ended or self._free.qsize() < self._made:
+                return
+            self._retired = True
+            while not self._free.empty():
+                self._free.get_nowait()
+        self.rows.retire()
+
+    def _batches(self) -> Iterator[Batch]:
         index = 0  # frames handed out (in batches) or in the batch being filled
         frames: list[FrameMeta] = []
         data = None
@@ -91,13 +124,13 @@ class NvdecFileSource:
             yield self._batch(frames, data)
             index += len(frames)
         elif data is not None:
-            self._free.put(data)
+            self._give_back(data)
         if self.frames_expected and index < self.frames_expected and not self._closed:
             # fewer frames than the header declares: PyAV decides (more frames, or the truncated file's error)
             yield from host_batches_from(self.src, self.info, index, lambda: self._closed)
 
     def _batch(self, frames: list[FrameMeta], data: Any) -> Batch:
-        return Batch(self.stream, frames, data, ready=self.rows.ready(), release=lambda: self._free.put(data))
+        return Batch(self.stream, frames, data, ready=self.rows.ready(), release=lambda: self._give_back(data))
 
     def _decoded(self) -> Iterator[tuple[FrameMeta, Any]]:
         """(meta, NVDEC frame) in display order; raises _GiveUp where the CPU must take over."""
@@ -113,7 +146,11 @@ class NvdecFileSource:
             with av.open(self.src.location) as container:
                 vs = container.streams.video[0]
                 dec = NvdecDecoder(vs, stream_id=self.stream, device_id=self.device_id, cuda_stream=self.rows.stream)
-                log.info("stream %s: %s", self.stream, dec.colour.describe())
+                said = dec.colour.describe()
+                key = (self.stream, self.src.location)
+                if _said_colour.get(key) != said:  # once per stream and file, not per pass of a looped file
+                    _said_colour[key] = said
+                    log.info("stream %s: %s", self.stream, said)
                 try:
                     for packet in container.demux(vs):
                         out = dec.decode(packet)

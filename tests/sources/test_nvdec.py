@@ -469,6 +469,8 @@ def fake_cupy() -> Any:
         "ndarray",
     ):
         setattr(m, name, getattr(np, name))
+    m.freed_streams = []  # free_all_blocks(stream=...) calls on the default pool, in order
+    m.get_default_memory_pool = lambda: _Ns(free_all_blocks=lambda stream=None: m.freed_streams.append(stream))
     m.cuda = _Ns(
         Device=_Ctx,
         Stream=_Ctx,
@@ -1044,3 +1046,33 @@ def test_sequence_parameter_sets_change_where_the_resolution_does(tmp_path: Path
                     seen.append(sps)
     assert len(seen) == 2 and all(seen) and seen[0] != seen[1]
     assert sequence_parameter_sets(b"\x00\x00\x01\x65\x88\x84", "h264") == b""  # an IDR slice alone
+
+
+def test_a_nvdec_file_source_gives_its_device_memory_back_when_done(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any
+) -> None:
+    """NvdecFileSource (stand-ins for CuPy and PyNvVideoCodec): every frame in order; while a batch is still out
+    nothing is freed; once iteration has ended and the last batch is back, the CUDA stream's cached blocks in
+    CuPy's pool are freed, once (a looped file's pass or a finished file left them in the pool for good)."""
+    import sys
+
+    from stream.sources.naming import Source
+    from stream.sources.nvdec_file import NvdecFileSource
+    from stream.sources.pyav import probe
+
+    cp = sys.modules["cupy"]
+    src = Source("f", str(clips["vga"]))
+    source = NvdecFileSource(src, model_info, probe(src), pool=3)
+    frames: list[int] = []
+    held: list[Any] = []
+    for b in source:  # inference's part: each batch released once the next one is out
+        frames += [m.index for m in b.frames]
+        held.append(b)
+        if len(held) > 1:
+            held.pop(0).release()
+    assert frames == list(range(len(frames))) and len(frames) > 3 * model_info.batch
+    assert cp.freed_streams == []  # iteration has ended, but one batch is still out
+    held[0].release()
+    assert cp.freed_streams == [source.rows.stream]
+    held[0].release()  # a second release of a retired source's batch frees nothing more
+    assert cp.freed_streams == [source.rows.stream]
