@@ -21,8 +21,9 @@ What it does:
 - at the end sends SIGTERM, checks the exit status and an `eos` for every stream that was running, and
   prints one table (with --json also writes everything as JSON).
 
-Exit status 0 when nothing was lost beyond the drops the policy counts and every fault was survived, 1
-otherwise, 2 when the soak itself could not start.
+Exit status 0 when nothing was lost beyond the drops the policy counts, every fault was survived and memory
+stayed flat (the peak, resident or on the GPU, at most 1.5 times the figure after warm-up, or within
+MEMORY_SLACK_MIB of it), 1 otherwise, 2 when the soak itself could not start.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ from tests.loopback import (  # noqa: E402
 )
 
 RTSP_SERVER = ROOT / "tests" / "rtsp_server.py"
+MEMORY_SLACK_MIB = 1024  # memory growth under this is never a problem (pools filling, caches warming)
 
 
 # -- small helpers ---------------------------------------------------------------------------------------------
@@ -807,6 +809,13 @@ class Soak:
         for f in self.faults.values():
             if f.survived < f.injected:
                 problems.append(f"fault not survived: {f.name} ({f.survived} of {f.injected}): {'; '.join(f.notes)}")
+        peak_rss = max(self.peak_rss, self.peak_hwm)
+        for what, warm, peak in (
+            ("resident memory", self.warm_rss and self.warm_rss // 1024, peak_rss and peak_rss // 1024),
+            ("GPU memory", self.warm_gpu, self.peak_gpu),
+        ):
+            if warm and peak and peak > 1.5 * warm and peak - warm > MEMORY_SLACK_MIB:
+                problems.append(f"{what} not flat: {warm} MiB after warm-up, {peak} MiB at the peak")
         return {
             "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
             "command": " ".join([Path(sys.executable).name, "bench/soak.py", *sys.argv[1:]]),

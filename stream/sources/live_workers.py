@@ -24,9 +24,12 @@ Decision record:
   in its own CUDA context (NVDEC maps and copies each decoded frame there), and without MPS the GPU time-slices
   between contexts. Four processes doing a little GPU work 120 times a second took 13-18% of the engine's
   inference-only rate, eight 28%; idle contexts took nothing, and skipping the workers' row kernel saved almost
-  nothing. So at 16 paced 1080p feeds threads published 93% of the ceiling and processes 82%; past about 24
-  feeds the GIL takes the threads down and processes do better (74% against 60% at 32, p99 124 ms against 303).
-  Open: MPS, or workers that only demux and leave decoding to this process's single context.
+  nothing. With the MPS control daemon running the contexts share one server and the loss is gone: at 16, 24
+  and 32 paced 1080p feeds the daemon published 94%, 90% and 88% of the engine's rate (82%, 76% and 72%
+  without), and at 48 feeds at detect_fps 8, 99.6% of the scheduled frames (84%). Threads (`live_workers = 0`)
+  matched processes without MPS at 16 feeds (93%) and fell to 70% and 12% at 24 and 32 (the GIL), with or
+  without MPS. So processes stay the default on CUDA, and the first worker's start logs whether MPS was found
+  (`mps_pipe_directory`: the control pipe where the CUDA driver looks for it).
 """
 
 from __future__ import annotations
