@@ -17,15 +17,16 @@ Decision record:
   (host.host_batches_from), which also gives a damaged or truncated file its clear error. Nothing is lost or
   handed out twice.
 - A resolution change: NvdecDecoder makes a new decoder at new sequence parameters; frames carry their own size.
-- Device memory goes back when the file is done: the source's batches and the row kernel's temporaries come
-  from CuPy's pool on the source's own CUDA stream, and CuPy reuses a freed block only on the stream it was
-  allocated on. So once iteration has ended and every batch is back, the source frees its stream's cached blocks
-  (`DeviceRows.retire`). Without it every file, and every pass of a looped one, left its blocks in the pool: on
-  an H100 (2026-12-07, bench/soak.py, four looped 1080p files) the daemon's GPU memory grew by about 180 MB a
-  pass, 0.4 GB a second, to the card's 80 GB, where CuPy's out-of-memory path freed it and it grew again.
-- The default on CUDA since it was measured against DALI on an H100 (2026-12-07, bench/streams.py, 8 streams of
-  1080p, 3 buffers, the same run): 467.4 fps end to end against DALI's 419.7, inference only 469.8; its rows
-  the reference's exactly on every clip of tests/gpu/test_gpu_colour.py (stream/sources/registry.py).
+- Device memory is reused, not left behind: a source's batches and the row kernel's temporaries come from CuPy's
+  pool on the source's own CUDA stream, and CuPy reuses a freed block only on the stream it was allocated on. So
+  a source takes a lane (a DeviceRows with its stream, and its batches) from the idle lanes of its model shape
+  and device, and parks it there again once iteration has ended and every batch is back; the next file, or the
+  next pass of a looped one, decodes on the same stream into the same batches. At most IDLE_LANES lanes wait per
+  shape; one more is retired (its stream's cached blocks freed, on a thread of its own: freeing synchronises the
+  device). With a new stream and new batches per source, every file and every pass of a looped one left its
+  blocks in the pool: on an H100 (2026-12-07, bench/soak.py, four looped 1080p files) the daemon's GPU memory
+  grew by about 180 MB a pass, 0.4 GB a second, to the card's 80 GB, where CuPy's out-of-memory path freed it
+  and it grew again.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import queue
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from stream.core.frames import Batch, FrameMeta
@@ -46,50 +48,86 @@ from stream.sources.pyav import VideoInfo
 
 log = logging.getLogger(__name__)
 _said_colour: dict[tuple[str, str], str] = {}  # (stream id, file) -> the colour last logged for it
+IDLE_LANES = 8  # finished sources' lanes kept per model shape and device for the next file (decision record)
+
+
+@dataclass
+class _Lane:
+    """A CUDA stream (in DeviceRows) and the batches written on it: what a file source decodes into."""
+
+    rows: Any
+    batches: list[Any]
+    warm: bool = False
+
+
+_idle: dict[tuple[Any, ...], list[_Lane]] = {}
+_idle_lock = threading.Lock()
+
+
+def _take_lane(key: tuple[Any, ...], info: ModelInfo, device_id: int, n: int) -> _Lane:
+    with _idle_lock:
+        lanes = _idle.get(key)
+        if lanes:
+            return lanes.pop()
+    from stream.sources.nvdec import DeviceRows
+
+    rows = DeviceRows(info, device_id)
+    return _Lane(rows, [rows.new_batch() for _ in range(n)])
+
+
+def _park_lane(key: tuple[Any, ...], lane: _Lane) -> None:
+    with _idle_lock:
+        lanes = _idle.setdefault(key, [])
+        if len(lanes) < IDLE_LANES:
+            lanes.append(lane)
+            return
+    lane.batches.clear()
+    threading.Thread(target=lane.rows.retire, name="nvdec-lane-retire", daemon=True).start()
 
 
 class NvdecFileSource:
     """One file decoded on NVDEC into pooled device batches (see the module docstring)."""
 
     def __init__(self, src: Source, info: ModelInfo, vi: VideoInfo, *, pool: int = 3, device_id: int = 0) -> None:
-        from stream.sources.nvdec import DeviceRows
-
         self.stream = src.id
         self.src = src
         self.info = info
         self.device_id = device_id
         self.frames_expected: int | None = vi.frames_declared or None
-        self.rows = DeviceRows(info, device_id)
-        self._free: queue.Queue[Any] = queue.Queue()
         self._made = max(2, pool)
-        for _ in range(self._made):
-            self._free.put(self.rows.new_batch())
+        self._key = (device_id, info.batch, info.height, info.width, info.dtype, self._made)
+        self._lane = _take_lane(self._key, info, device_id, self._made)
+        self.rows = self._lane.rows
+        self._free: queue.Queue[Any] = queue.Queue()
+        for data in self._lane.batches:
+            self._free.put(data)
         self._closed = False
-        self._warm = False
-        self._ended = False  # iteration is over: the batches are retired once they are all back
-        self._retired = False
+        self._ended = False  # iteration is over: the lane is parked once every batch is back
+        self._parked = False
+        self._started = False
         self._lock = threading.Lock()
 
     def __iter__(self) -> Iterator[Batch]:
+        self._started = True
         try:
             yield from self._batches()
         finally:
             self._ended = True
-            self._maybe_retire()
+            self._maybe_park()
 
     def _give_back(self, data: Any) -> None:
         self._free.put(data)
-        self._maybe_retire()
+        self._maybe_park()
 
-    def _maybe_retire(self) -> None:
-        """Once iteration has ended and every batch is back: drop them and free the stream's cached blocks."""
+    def _maybe_park(self) -> None:
+        """Once iteration has ended and every batch is back: the lane goes to the idle ones, for the next file."""
         with self._lock:
-            if self._retired or not self._ended or self._free.qsize() < self._made:
+            if self._parked or not self._ended or self._free.qsize() < self._made:
                 return
-            self._retired = True
+            self._parked = True
             while not self._free.empty():
                 self._free.get_nowait()
-        self.rows.retire()
+        _park_lane(self._key, self._lane)
 
     def _batches(self) -> Iterator[Batch]:
         index = 0  # frames handed out (in batches) or in the batch being filled
@@ -138,9 +176,9 @@ class NvdecFileSource:
 
         from stream.sources.nvdec import NvdecDecoder
 
-        if not self._warm:
+        if not self._lane.warm:
             self.rows.warm_up()
-            self._warm = True
+            self._lane.warm = True
         index = 0
         try:
             with av.open(self.src.location) as container:
@@ -173,6 +211,9 @@ class NvdecFileSource:
 
     def close(self) -> None:
         self._closed = True
+        if not self._started:  # never iterated: its lane is free now
+            self._ended = True
+            self._maybe_park()
 
 
 class _GiveUp(Exception):

@@ -21,6 +21,7 @@ import logging
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -1048,21 +1049,25 @@ def test_sequence_parameter_sets_change_where_the_resolution_does(tmp_path: Path
     assert sequence_parameter_sets(b"\x00\x00\x01\x65\x88\x84", "h264") == b""  # an IDR slice alone
 
 
-def test_a_nvdec_file_source_gives_its_device_memory_back_when_done(
-    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any
+def test_a_nvdec_file_source_leaves_no_device_memory_behind(
+    fake_nvdec: FakeNvc, clips: dict[str, Path], model_info: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """NvdecFileSource (stand-ins for CuPy and PyNvVideoCodec): every frame in order; while a batch is still out
-    nothing is freed; once iteration has ended and the last batch is back, the CUDA stream's cached blocks in
-    CuPy's pool are freed, once (a looped file's pass or a finished file left them in the pool for good)."""
+    """NvdecFileSource (stand-ins for CuPy and PyNvVideoCodec): every frame in order; its lane (CUDA stream and
+    batches) goes to the idle lanes only once iteration has ended and the last batch is back, and the next
+    file's source decodes on that same stream into the same batches (CuPy reuses a freed block only on its own
+    stream: a new stream per file or per looped pass left every pass's blocks in the pool). Past IDLE_LANES a
+    finished lane is retired: its stream's cached blocks freed."""
     import sys
 
+    import stream.sources.nvdec_file as nf
     from stream.sources.naming import Source
-    from stream.sources.nvdec_file import NvdecFileSource
     from stream.sources.pyav import probe
 
+    monkeypatch.setattr(nf, "_idle", {})
     cp = sys.modules["cupy"]
     src = Source("f", str(clips["vga"]))
-    source = NvdecFileSource(src, model_info, probe(src), pool=3)
+    source = nf.NvdecFileSource(src, model_info, probe(src), pool=3)
+    made = list(source._lane.batches)
     frames: list[int] = []
     held: list[Any] = []
     for b in source:  # inference's part: each batch released once the next one is out
@@ -1071,8 +1076,26 @@ def test_a_nvdec_file_source_gives_its_device_memory_back_when_done(
         if len(held) > 1:
             held.pop(0).release()
     assert frames == list(range(len(frames))) and len(frames) > 3 * model_info.batch
-    assert cp.freed_streams == []  # iteration has ended, but one batch is still out
+    assert nf._idle == {}  # iteration has ended, but one batch is still out
     held[0].release()
-    assert cp.freed_streams == [source.rows.stream]
-    held[0].release()  # a second release of a retired source's batch frees nothing more
-    assert cp.freed_streams == [source.rows.stream]
+    assert [lane.rows for lane in nf._idle[source._key]] == [source.rows]
+    again = nf.NvdecFileSource(src, model_info, probe(src), pool=3)
+    assert again.rows is source.rows and [id(d) for d in again._lane.batches] == [id(d) for d in made]
+    assert nf._idle[source._key] == []
+    assert sum(len(b.frames) for b in _released(again)) == len(frames)
+    assert [lane.rows for lane in nf._idle[source._key]] == [source.rows] and cp.freed_streams == []
+
+    monkeypatch.setattr(nf, "IDLE_LANES", 0)
+    third = nf.NvdecFileSource(src, model_info, probe(src), pool=3)
+    assert third.rows is source.rows
+    third.close()  # never iterated: its lane is done at once, and with no room among the idle ones, retired
+    deadline = time.monotonic() + 5
+    while not cp.freed_streams and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert cp.freed_streams == [third.rows.stream]
+
+
+def _released(source: Any) -> Iterator[Any]:
+    for b in source:
+        b.release()
+        yield b
