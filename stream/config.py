@@ -436,8 +436,8 @@ class Config:
         "auto",
         "How H.264/HEVC 4:2:0 files are decoded where the device is cuda: auto and nvdec take NVDEC frame by frame "
         "through PyNvVideoCodec, converting with the file's own colour signalling on the GPU as the CPU does, and "
-        "DALI where it cannot run; dali takes DALI on NVDEC (it upsamples chroma its own way); cpu always PyAV on "
-        "the CPU.",
+        "DALI where it cannot run; dali takes DALI on NVDEC (its chroma re-sited to the same siting; slower); cpu "
+        "always PyAV on the CPU.",
         choices=FILE_DECODES,
     )
     live_workers: int | str = _key(
