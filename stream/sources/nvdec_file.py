@@ -27,6 +27,9 @@ Decision record:
   blocks in the pool: on an H100 (2026-12-07, bench/soak.py, four looped 1080p files) the daemon's GPU memory
   grew by about 180 MB a pass, 0.4 GB a second, to the card's 80 GB, where CuPy's out-of-memory path freed it
   and it grew again.
+- The default on CUDA since it was measured against DALI on an H100 (2026-12-07, bench/streams.py, 8 streams of
+  1080p, 3 buffers, the same run): 467.4 fps end to end against DALI's 419.7, inference only 469.8; its rows
+  the reference's exactly on every clip of tests/gpu/test_gpu_colour.py (stream/sources/registry.py).
 """
 
 from __future__ import annotations
