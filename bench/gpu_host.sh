@@ -82,8 +82,11 @@ need() {
 gpu_tests() {
   need "device 8 fp32" "device 8 fp16"  # tests/gpu/test_gpu_postprocess.py takes them from $STREAM_TEST_MODELS
   local rc
-  STREAM_TEST_MODELS=$MODELS timeout "${TEST_TIMEOUT:-580}" python3 -m pytest -q -s -p no:cacheprovider -rs -m gpu tests/gpu \
-    tests/sources/test_nvdec.py tests/daemon/test_workers.py > "$OUT/pytest-gpu.txt" 2>&1
+  local pick=()
+  [ -n "${GPU_K:-}" ] && pick=(-k "$GPU_K")
+  # GPU_TESTS: other test paths than the whole GPU suite; GPU_K: pytest's -k
+  STREAM_TEST_MODELS=$MODELS timeout "${TEST_TIMEOUT:-580}" python3 -m pytest -q -s -p no:cacheprovider -rs -m gpu \
+    ${GPU_TESTS:-tests/gpu tests/sources/test_nvdec.py tests/daemon/test_workers.py} "${pick[@]}" > "$OUT/pytest-gpu.txt" 2>&1
   rc=$?
   grep -E "passed|failed|^FAILED|^ERROR" "$OUT/pytest-gpu.txt" | tail -20
   return $rc

@@ -337,6 +337,13 @@ class Config:
         flag=Flag(("--buffers",), "N"),
     )
     # (3: the fastest measured on the H200, bench/RESULTS.md)
+    runs_in_flight: int = _key(
+        0,
+        "CUDA: inference runs whose model is on the GPU at once; a buffer takes its frames only when fewer "
+        "are, so that live frames are chosen just before the GPU can start on them (a run's post-processing "
+        "still overlaps the next). 0: as many as buffers.",
+        bounds=(0, 8),
+    )
     queue_batches: int = _key(
         2, "Batches of a stream decoded ahead of publishing; bounds memory and latency.", bounds=(1, 64)
     )

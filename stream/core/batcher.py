@@ -144,10 +144,12 @@ class Batcher:
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
         self._closing = False
         self._order = itertools.count()
-        self._workers = [
-            threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True)
-            for i in range(workers or engine.buffers)
-        ]
+        n = workers or engine.buffers
+        # runs whose model is on the device at once (the engine's `in_flight`, see the decision record): a worker
+        # takes only once it holds the gate, and the engine opens it again when the model has run
+        gate = int(getattr(engine, "in_flight", 0) or 0)
+        self._gate = threading.BoundedSemaphore(gate) if 0 < gate < n else None
+        self._workers = [threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True) for i in range(n)]
         for t in self._workers:
             t.start()
 
@@ -248,16 +250,18 @@ class Batcher:
     # -- in a worker thread ---------------------------------------------------------------------------------
     def _worker(self) -> None:
         while True:
+            opened = self._enter()
             with self._cv:
                 while (group := self._take()) is None:
                     if self._closing and not self._runs and not any(self._lanes.values()):
+                        opened()
                         return
                     self._cv.wait(self._wait_s())
             parts = [b for _, _, ps, _, _ in group for b in ps]
             if len(group) > 1:
                 self.coalesced += len(group) - 1
             try:
-                res = self._work(parts)
+                res = self._work(parts, opened)
             except BaseException as exc:  # handed to the streams whose batches these were
                 for _, _, _, fut, loop in group:
                     _resolve(loop, fut, exc)
@@ -266,6 +270,22 @@ class Batcher:
                 for _, _, ps, fut, loop in group:
                     _resolve(loop, fut, res[at : at + len(ps)])
                     at += len(ps)
+            finally:
+                opened()
+
+    def _enter(self) -> Callable[[], None]:
+        """Wait for the gate (when there is one); what opens it again, once, however often it is called."""
+        gate = self._gate
+        if gate is None:
+            return _nothing
+        gate.acquire()
+        once = threading.Lock()
+
+        def opened() -> None:
+            if once.acquire(blocking=False):
+                gate.release()
+
+        return opened
 
     def _wait_s(self) -> float | None:
         """How long a worker with nothing to take sleeps (under _cv): until the oldest frame in a lane has
@@ -360,8 +380,9 @@ class Batcher:
             heapq.heappush(self._runs, item)
         return rows
 
-    def _work(self, parts: list[Batch]) -> list[list[FrameResult]]:
-        """Drop what went stale while waiting (live feeds), then one inference run; results per part."""
+    def _work(self, parts: list[Batch], opened: Callable[[], None] = lambda: None) -> list[list[FrameResult]]:
+        """Drop what went stale while waiting (live feeds), then one inference run; results per part. `opened`
+        goes to the engine (Batch.inferred): called once the model has run."""
         t0 = time.time()
         starts = [_stale_prefix(b, self.run_time) for b in parts]
         fresh = [(b, s) for b, s in zip(parts, starts) if s < len(b.frames)]
@@ -375,6 +396,7 @@ class Batcher:
             else:
                 batch = self.stack(fresh)
                 self.merged += len(fresh) > 1
+            batch.inferred = opened
             res, at = self.engine.infer(batch), 0
             took = time.time() - t0
             self.run_time.add(took)
@@ -435,6 +457,10 @@ class Batcher:
         for b, _ in parts:
             b.done()
         return Batch(name, frames, buf, ready=ready, snap_rows=snaps)
+
+
+def _nothing() -> None:
+    pass
 
 
 def _whole(b: Batch, batch: int) -> bool:

@@ -44,6 +44,8 @@ class Batch:
     max_age_s: float | None = None  # live feeds: frames older than this when inference starts are dropped
     # counts frames the batcher drops, by reason ("stale", "superseded"), in the source's counters
     on_drop: Callable[[str, int], None] | None = None
+    # called by an engine once the model has run on data (before post-processing): the batcher's gate
+    inferred: Callable[[], None] | None = None
 
     def done(self) -> None:
         if self.release is not None:

@@ -201,6 +201,7 @@ class CudaEngine:
         warm_up: bool = True,
         pad_partial: bool = True,
         cuda_graph: str = "auto",
+        runs_in_flight: int = 0,
     ) -> None:
         import cupy as cp
         import onnxruntime as ort
@@ -210,6 +211,8 @@ class CudaEngine:
         self.info = info
         self.pad_partial = pad_partial  # a dynamic-batch model runs every batch at its full size (see _padded)
         self.buffers = buffers
+        # the batcher's gate: runs whose model part is on the GPU at once (0 or >= buffers: no gate)
+        self.in_flight = runs_in_flight if 0 < runs_in_flight < buffers else 0
         self.device_id = device_id
         self._cp = cp
         self._dtype = np.dtype(info.dtype)
@@ -427,12 +430,14 @@ class CudaEngine:
                 for name in info.output_names:
                     slot.binding.bind_output(name, "cuda", self.device_id)
             try:
-                slot.session.run_with_iobinding(slot.binding)
+                slot.session.run_with_iobinding(slot.binding)  # returns once the model's work is done on the GPU
             except Exception as exc:
                 raise InferenceError(
                     f"stream {batch.stream}: model {info.path.name} failed on frames "
                     f"{batch.frames[0].index}-{batch.frames[-1].index}: {str(exc)[:400]}"
                 ) from exc
+            if batch.inferred is not None:  # the batcher's gate: another run may take its frames now
+                batch.inferred()
             outs = [ortvalue_as_cupy(ov) for ov in ((slot.outputs or []) if self.graph else slot.binding.get_outputs())]
             if synthetic:  # warm-up only: the code paths that run on detections (made once, copied per run)
                 if self._synthetic is None:

@@ -69,6 +69,7 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
             conv_algo_search=cfg.conv_algo_search,
             pad_partial=cfg.pad_partial,
             cuda_graph=cfg.cuda_graph,
+            runs_in_flight=cfg.runs_in_flight,
         )
     from stream.engines.cpu import CpuEngine
 

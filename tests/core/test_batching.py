@@ -626,3 +626,97 @@ def test_a_feed_whose_oldest_frame_went_stale_keeps_its_turn() -> None:
     eng = asyncio.run(case())
     assert [(name, frames) for name, frames, _ in eng.batches[1:]] == [("a+b+c+d", [1, 0, 0, 0]), ("e", [0])]
     assert drops == [("a", "stale", 1)]
+
+
+class GatedEngine(RecordingEngine):
+    """Three buffers, at most `in_flight` of them running the model at once (CudaEngine's `in_flight`): each run
+    is a model part (`model_s`, then Batch.inferred) and a post-processing part (`post_s`); the engine records
+    how many runs were in each part at once. Runs of stream `fail` raise before their model part ends."""
+
+    buffers = 3
+
+    def __init__(self, in_flight: int, model_s: float = 0.05, post_s: float = 0.05) -> None:
+        super().__init__()
+        self.in_flight, self.model_s, self.post_s = in_flight, model_s, post_s
+        self._lock = threading.Lock()
+        self.model = self.most_model = self.runs = self.most_runs = 0
+
+    def _count(self, model: int, runs: int) -> None:
+        with self._lock:
+            self.model += model
+            self.runs += runs
+            self.most_model = max(self.most_model, self.model)
+            self.most_runs = max(self.most_runs, self.runs)
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        self._count(1, 1)
+        try:
+            time.sleep(self.model_s)
+            if batch.stream == "fail":
+                raise RuntimeError("boom")
+        finally:
+            self._count(-1, 0)
+        if batch.inferred is not None:
+            batch.inferred()
+        try:
+            time.sleep(self.post_s)
+            return super().infer(batch)
+        finally:
+            self._count(0, -1)
+
+
+def test_runs_in_flight_bounds_the_models_on_the_device_and_post_processing_overlaps() -> None:
+    """With a gate of one run in flight, three buffers never run the model twice at once, yet a run's
+    post-processing overlaps the next run's model; a run that fails, and one whose frames all went stale
+    (never reaching the engine), open the gate again: every later run still happens and close() returns."""
+    drops: list[tuple[str, str, int]] = []
+
+    def stale() -> Batch:
+        b = _make_part("old", 4, 0, 1.0, None)
+        b.max_age_s = 0.5
+        b.on_drop = lambda reason, k: drops.append(("old", reason, k))
+        return b
+
+    async def case(eng: GatedEngine) -> list[Any]:
+        b = Batcher(eng, INFO, 0.05)
+        assert len(b._workers) == 3
+        futs = [b.submit(_make_part("fail", 4, 0, 0.0, None)), b.submit(stale())]
+        futs += [b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(6)]
+        res = await asyncio.gather(*futs, return_exceptions=True)
+        await asyncio.wait_for(asyncio.to_thread(b.close), 5)
+        return res
+
+    gated = GatedEngine(in_flight=1)
+    res = asyncio.run(case(gated))
+    assert isinstance(res[0], RuntimeError) and res[1] == []
+    assert [len(r) for r in res[2:]] == [4] * 6 and drops == [("old", "stale", 4)]
+    assert gated.most_model == 1 and gated.most_runs >= 2
+    free = GatedEngine(in_flight=0)  # no gate: the three buffers run the model at once
+    asyncio.run(case(free))
+    assert free.most_model == 3
+
+
+def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_is_free() -> None:
+    """The point of the gate: a buffer that waits for it takes its live frames only once the run ahead is off
+    the model, so frames that came in the meantime supersede older ones (latest wins) instead of riding a run
+    that would queue behind the other on the device. Without the gate the free buffer takes the oldest frame
+    at once."""
+
+    async def case(in_flight: int) -> tuple[GatedEngine, list[tuple[str, str, int]]]:
+        drops: list[tuple[str, str, int]] = []
+        eng = GatedEngine(in_flight, model_s=0.3, post_s=0.0)
+        b = Batcher(eng, INFO, 0.01)
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.sleep(0.05)  # the busy run is in its model part
+        for i in range(3):
+            futs.append(b.submit(_live("cam", 1, i, drops)))
+            await asyncio.sleep(0.06)
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return eng, drops
+
+    gated, drops = asyncio.run(case(1))
+    assert [(name, frames) for name, frames, _ in gated.batches[1:]] == [("cam", [1, 2])]
+    assert drops == [("cam", "superseded", 1)]
+    free, drops = asyncio.run(case(0))
+    assert free.batches[1][:2] == ("cam", [0]) and drops == []

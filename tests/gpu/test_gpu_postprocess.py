@@ -367,3 +367,65 @@ def test_cuda_graph_engine_from_many_threads_beside_other_gpu_work(
     graphed.close()
     plain.close()
     assert total > 0
+
+
+def test_a_gated_engine_through_the_batcher_gives_the_same_detections(
+    r50: dict[str, Path], real_frames: np.ndarray
+) -> None:
+    """`runs_in_flight` (the batcher's gate, opened by the engine once ORT's run returned): three buffers, at most
+    two models on the GPU at once. Batches of several streams through the batcher get the ungated engine's
+    detections, the engine opens the gate once per run (before post-processing, so a run's post-processing can
+    overlap the next model), and the gate is whole again at the end."""
+    import asyncio
+
+    from stream.core.batcher import Batcher
+    from stream.core.frames import Batch, FrameMeta
+    from stream.engines.cuda import CudaEngine
+    from stream.engines.model import load_info
+
+    info = load_info(r50["fp16"])
+    gated = CudaEngine(info, buffers=3, conv_algo_search="heuristic", runs_in_flight=2)
+    plain = CudaEngine(info, buffers=1, conv_algo_search="heuristic", cuda_graph="off", warm_up=False)
+    assert gated.in_flight == 2
+    assert CudaEngine(info, buffers=2, runs_in_flight=2, warm_up=False).in_flight == 0  # no gate: not fewer
+    x = np.ascontiguousarray(real_frames, dtype=np.float16)
+    opened: list[str] = []
+
+    def meta(n: int) -> list[Any]:
+        return [FrameMeta(i, None, 0.0, 1920, 1080) for i in range(n)]
+
+    want = [dets(r) for r in plain.infer(Batch("plain", meta(8), x.copy()))]
+
+    real_infer = gated.infer
+
+    def infer(batch: Batch) -> Any:  # the engine's call of Batch.inferred, seen from outside
+        seen: list[int] = []
+        gate = batch.inferred
+        assert gate is not None
+        batch.inferred = lambda: (seen.append(1), gate())  # type: ignore[func-returns-value]
+        res = real_infer(batch)
+        opened.append(str(len(seen)))
+        return res
+
+    gated.infer = infer  # type: ignore[method-assign]
+
+    async def case() -> list[list[Any]]:
+        b = Batcher(gated, info, 0.05)
+        assert b._gate is not None and len(b._workers) == 3
+        futs = [b.submit(Batch(f"s{i}", meta(8), x.copy())) for i in range(12)]
+        res = await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        assert b._gate._value == 2  # every run gave its place back
+        return res
+
+    got = asyncio.run(case())
+    assert opened == ["1"] * 12  # once a run, by the engine, before it returned
+    total = 0
+    for res in got:
+        for r, db in zip(res, want):
+            total += len(db)
+            assert not unmatched(db, dets(r), min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+            assert not unmatched(dets(r), db, min_iou=0.999, score_tol=1e-3, floor=THRESH + 0.02)
+    gated.close()
+    plain.close()
+    assert total > 0
