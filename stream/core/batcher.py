@@ -54,6 +54,13 @@ Decision record:
   this a daemon over capacity ran small batches one by one: at 16 paced 1080p feeds on the H200 runs carried
   about one frame each (a CUDA engine runs every batch at its full size): 97 of 480 frames per second
   published, against about 470 the model runs at full batches.
+- `runs_in_flight` (the engine's `in_flight`; CUDA only): a worker takes its run only while fewer than that many
+  runs have their model on the GPU (a semaphore, `_gate`; the engine opens it when ORT's run returns, before
+  post-processing, so a run's post-processing and the next take overlap the model of the run ahead). With three
+  buffers and no gate, past the ceiling, a run's frames were chosen when a buffer came free and then shared the
+  GPU with two other models: 54-57 ms from the take to results on an H100, so a frame taken fresh was published
+  late. With a gate the frames are chosen later, when the GPU can start on them, and newer frames of a feed
+  supersede older ones in the meantime (latest wins).
 - Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
   threads share the heap and the lanes under one condition variable.
 """

@@ -154,7 +154,11 @@ def test_subscriber_that_never_reads_loses_alone_and_counts_it(
         _, err = proc.communicate(timeout=60)
         took = time.time() - t0
         msgs = col.join(30)
-        time.sleep(1)
+        # what its queues still hold, the eos last, it reads after the run ended (longer on a loaded machine)
+        until = time.time() + 20
+        while time.time() < until and {m["stream"] for m in list(slow_msgs) if m["type"] == "eos"} != {"a", "b"}:
+            time.sleep(0.1)
+        time.sleep(0.3)  # anything after an eos would still arrive now (and fail the test)
     finally:
         done.set()
         reader.join(5)
