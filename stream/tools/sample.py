@@ -11,8 +11,12 @@ which take odd 4:2:0 sizes, to test the GPU path with odd sizes).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import logging
 import os
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -68,6 +72,32 @@ def render_frame(index: int, total: int, background: np.ndarray) -> np.ndarray:
     return img
 
 
+M_PERTURB = -6  # glibc's malloc.h
+
+
+@contextlib.contextmanager
+def zeroed_heap() -> Iterator[None]:
+    """While inside, glibc zeroes the heap memory it hands out (M_PERTURB 0xFF: what MALLOC_PERTURB_ sets; memory
+    handed out is filled with the byte's complement), as a fresh process's is, so that code reading memory it
+    never wrote reads the same bytes every time; off again after. Left alone where MALLOC_PERTURB_ is set, and on
+    C libraries without mallopt."""
+    mallopt = None
+    if sys.platform.startswith("linux") and "MALLOC_PERTURB_" not in os.environ:
+        try:
+            mallopt = ctypes.CDLL(None).mallopt
+            mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
+        except (OSError, AttributeError):
+            mallopt = None
+    if mallopt is None:
+        yield
+        return
+    mallopt(M_PERTURB, 0xFF)
+    try:
+        yield
+    finally:
+        mallopt(M_PERTURB, 0)
+
+
 def make_sample_video(
     path: str | Path,
     *,
@@ -105,11 +135,15 @@ def make_sample_video(
             # "bf" is FFmpeg's generic max_b_frames; set it always since x264 defaults to 3 B-frames.
             stream.codec_context.options = {"bf": str(bframes), "g": str(fps)}
             background = _background(width, height)
-            for i in range(total):
-                frame = av.VideoFrame.from_ndarray(render_frame(i, total, background), format="rgb24")
-                frame.pts = i
-                container.mux(stream.encode(frame))
-            container.mux(stream.encode())
+            # libx264 (through FFmpeg) reads heap memory it never wrote at some odd sizes: yuv444p 321x241 gave
+            # other bytes now and then on later encodes in one process, whatever the threads; with the heap it
+            # is handed zeroed, as a fresh process's is, the same arguments give the same file every time.
+            with zeroed_heap():
+                for i in range(total):
+                    frame = av.VideoFrame.from_ndarray(render_frame(i, total, background), format="rgb24")
+                    frame.pts = i
+                    container.mux(stream.encode(frame))
+                container.mux(stream.encode())
         os.replace(tmp, out)
     finally:
         tmp.unlink(missing_ok=True)
