@@ -50,7 +50,7 @@ from stream.sources.naming import Source
 from stream.sources.pyav import VideoInfo
 
 log = logging.getLogger(__name__)
-_said_colour: dict[tuple[str, str], str] = {}  # (stream id, file) -> the colour last logged for it
+_said_colour: dict[str, tuple[str, str]] = {}  # stream id -> (file, colour) last logged for it
 IDLE_LANES = 8  # finished sources' lanes kept per model shape and device for the next file (decision record)
 
 
@@ -187,11 +187,10 @@ class NvdecFileSource:
             with av.open(self.src.location) as container:
                 vs = container.streams.video[0]
                 dec = NvdecDecoder(vs, stream_id=self.stream, device_id=self.device_id, cuda_stream=self.rows.stream)
-                said = dec.colour.describe()
-                key = (self.stream, self.src.location)
-                if _said_colour.get(key) != said:  # once per stream and file, not per pass of a looped file
-                    _said_colour[key] = said
-                    log.info("stream %s: %s", self.stream, said)
+                said = (self.src.location, dec.colour.describe())
+                if _said_colour.get(self.stream) != said:  # once per stream and file, not per pass of a looped file
+                    _said_colour[self.stream] = said
+                    log.info("stream %s: %s", self.stream, said[1])
                 try:
                     for packet in container.demux(vs):
                         out = dec.decode(packet)
