@@ -337,11 +337,12 @@ class Config:
         flag=Flag(("--buffers",), "N"),
     )
     # (3: the fastest measured on the H200, bench/RESULTS.md)
+    # (2: measured on an H100 past the ceiling, bench/RESULTS.md: lower p99 and fairer shares, the same rate)
     runs_in_flight: int = _key(
-        0,
+        2,
         "CUDA: inference runs whose model is on the GPU at once; a buffer takes its frames only when fewer "
         "are, so that live frames are chosen just before the GPU can start on them (a run's post-processing "
-        "still overlaps the next). 0: as many as buffers.",
+        "still overlaps the next). 0: as many as buffers; a value of buffers or more is the same.",
         bounds=(0, 8),
     )
     queue_batches: int = _key(

@@ -60,7 +60,12 @@ Decision record:
   buffers and no gate, past the ceiling, a run's frames were chosen when a buffer came free and then shared the
   GPU with two other models: 54-57 ms from the take to results on an H100, so a frame taken fresh was published
   late. With a gate the frames are chosen later, when the GPU can start on them, and newer frames of a feed
-  supersede older ones in the meantime (latest wins).
+  supersede older ones in the meantime (latest wins). Measured on an H100 (bench/RESULTS.md, 16 and 32 paced
+  1080p feeds, decode processes): gate 2 against none, without MPS, p99 118.7 -> 102.4 and 140.9 -> 110.7 ms at
+  the same rate (82% and 72% of the ceiling), per-feed spread +-15.2% -> +-2.8% at 16 feeds; with MPS, in three
+  pairs, p99 at 32 feeds 125-174 against 141-183 ms and 81-88% of the ceiling against 79-86%, and no cost to files
+  (8 file streams 464.5 against 458.8 fps). Gate 1: p99 96-100 ms but 79-82% of the ceiling (a run's take to
+  results 24-26 ms, and the GPU idles while the next run is taken). So 2 is the default.
 - Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
   threads share the heap and the lanes under one condition variable.
 """
