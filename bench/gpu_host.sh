@@ -12,6 +12,8 @@
 #   bash bench/gpu_host.sh mps       the same A/B with CUDA's MPS control daemon running for this bench only (its
 #                                    pipe and log folders private to it, quit at the end)
 #   bash bench/gpu_host.sh soak      files and a live feed for MINUTES (default 10) with faults injected: bench/soak.py
+#   bash bench/gpu_host.sh providers the CUDA provider options one at a time: inference rate and the device memory
+#                                    the engine holds (bench/postprocess.py --sweep-only)
 #   bash bench/gpu_host.sh all       check, export, test, bench
 #
 # Logs and JSON go to $OUT (default /tmp/out); models to /tmp/models, the video to /tmp/hd.mp4. Packages: the
@@ -179,6 +181,15 @@ soak() {
     --daemon-log "$OUT/soak-daemon.log" --json "$OUT/soak-cuda.json" 2>&1 | tee "$OUT/soak-cuda.txt" | tail -45
 }
 
+providers() {
+  # what each CUDA provider option costs in rate and in device memory (the engine's sessions, warmed up)
+  need "device 8 fp32" "device 8 fp16"
+  timeout 400 python3 bench/postprocess.py --device cuda --models "$MODELS" --video "$VIDEO" --sweep-only \
+    --infer-seconds 2 --ceiling-batches 6 --json "$OUT/providers-cuda.json" 2>&1 | grep -v "W:onnx" \
+    > "$OUT/providers-cuda.txt"
+  grep "provider options" "$OUT/providers-cuda.txt"
+}
+
 case $what in
   check) check ;;
   export) export_models ;;
@@ -189,6 +200,7 @@ case $what in
   workers) workers ;;
   mps) mps ;;
   soak) soak ;;
+  providers) providers ;;
   all) check; export_models; gpu_tests; bench ;;
-  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|workers|mps|soak|all" >&2; exit 2 ;;
+  *) echo "usage: bash bench/gpu_host.sh check|export|test|bench|sweep|latency|workers|mps|soak|providers|all" >&2; exit 2 ;;
 esac

@@ -22,7 +22,9 @@ post-processing at the same batch and precision.
 
 --provider-sweep: inference only of the fp16 head model at batch 8 with one CUDA provider option changed at a
 time (prefer_nhwc, cudnn_conv_algo_search, cudnn_conv_use_max_workspace) and of the fp32 head model with
-use_tf32 off and on.
+use_tf32 off and on, each with the device memory the engine holds (its sessions made and warmed up, then after
+the run: the device's used memory against before the engine was made, so run it alone on the GPU).
+--sweep-only: the provider sweep alone (no naive loop, no end-to-end configurations).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import json
 import platform
 import sys
@@ -144,11 +147,24 @@ async def measure_config(
         engine.close()
 
 
+def device_used_mib(device: str) -> float | None:
+    """The device's used memory (total - free) in MiB, after freeing CuPy's cached blocks; None off CUDA."""
+    if device != "cuda":
+        return None
+    import cupy as cp
+
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+    free, total = cp.cuda.runtime.memGetInfo()
+    return (total - free) / 2**20
+
+
 def provider_sweep(a: argparse.Namespace, video: Path) -> list[dict[str, Any]]:
     variants = [
         ("fp16", {}),
-        ("fp16", {"prefer_nhwc": "1"}),
+        ("fp16", {"prefer_nhwc": "0"}),
         ("fp16", {"cudnn_conv_algo_search": "HEURISTIC"}),
+        ("fp16", {"cudnn_conv_algo_search": "EXHAUSTIVE"}),
         ("fp16", {"cudnn_conv_use_max_workspace": "0"}),
         ("fp32", {"use_tf32": "0"}),
         ("fp32", {"use_tf32": "1"}),
@@ -158,17 +174,25 @@ def provider_sweep(a: argparse.Namespace, video: Path) -> list[dict[str, Any]]:
     for prec, opts in variants:
         info = info_for(model_file(a.models, "device", 8, prec), 8)
         cfg = config.load(None, {"device": a.device, "model": str(info.path), "buffers": a.buffers, "progress": "off"})
+        if prec not in batches:
+            batches[prec] = premade_batches(video, info, a.device, cfg, a.ceiling_batches)
+        before = device_used_mib(a.device)
         engine = make_engine(a.device, info, a.buffers, opts)
+        made = device_used_mib(a.device)
         try:
-            if prec not in batches:
-                batches[prec] = premade_batches(video, info, a.device, cfg, a.ceiling_batches)
             r = inference_only(engine, batches[prec], engine.buffers, a.infer_seconds)
+            ran = device_used_mib(a.device)
         finally:
             engine.close()
-        row = {"precision": prec, "options": opts or "defaults", "images_per_s": r["images_per_s"]}
+        row: dict[str, Any] = {"precision": prec, "options": opts or "defaults", "images_per_s": r["images_per_s"]}
+        memory = ""
+        if before is not None and made is not None and ran is not None:
+            row.update(engine_mib=made - before, after_run_mib=ran - before, buffers=engine.buffers)
+            memory = f"; device memory {made - before:8.0f} MiB made, {ran - before:8.0f} MiB after the run"
         rows.append(row)
         print(
-            f"provider options {prec} {json.dumps(opts) if opts else 'defaults':45s}: {r['images_per_s']:7.1f} img/s",
+            f"provider options {prec} {json.dumps(opts) if opts else 'defaults':45s}: {r['images_per_s']:7.1f} img/s"
+            f"{memory}",
             flush=True,
         )
     return rows
@@ -249,6 +273,7 @@ def main() -> None:
     ap.add_argument("--ceiling-batches", type=int, default=8)
     ap.add_argument("--naive-frames", type=int, default=120)
     ap.add_argument("--provider-sweep", action="store_true")
+    ap.add_argument("--sweep-only", action="store_true", help="the provider sweep alone")
     ap.add_argument(
         "--compare-cuda-graph",
         action="store_true",
@@ -271,12 +296,13 @@ def main() -> None:
         "args": {k: str(v) for k, v in vars(a).items()},
         "configs": [],
     }
-    naive_model = a.naive_model or model_file(a.models, "graph", 1, "fp32")
-    res["naive_fps"] = naive_loop(video, naive_model, a.device, a.naive_frames)
-    print(f"naive loop {res['naive_fps']:.1f} fps ({naive_model.name}, batch 1, {a.device})", flush=True)
-    asyncio.run(run_all(a, video, warm, tmp, res))
-    report(res)
-    if a.provider_sweep:
+    if not a.sweep_only:
+        naive_model = a.naive_model or model_file(a.models, "graph", 1, "fp32")
+        res["naive_fps"] = naive_loop(video, naive_model, a.device, a.naive_frames)
+        print(f"naive loop {res['naive_fps']:.1f} fps ({naive_model.name}, batch 1, {a.device})", flush=True)
+        asyncio.run(run_all(a, video, warm, tmp, res))
+        report(res)
+    if a.provider_sweep or a.sweep_only:
         res["provider_options"] = provider_sweep(a, video)
     if a.json:
         a.json.write_text(json.dumps(res, indent=1, default=str))
