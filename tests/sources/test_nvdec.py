@@ -1099,3 +1099,82 @@ def _released(source: Any) -> Iterator[Any]:
     for b in source:
         b.release()
         yield b
+
+
+def test_a_live_feed_read_here_gives_its_device_memory_back_once_it_ends(
+    fake_nvdec: FakeNvc, model_info: Any, tmp_path: Path
+) -> None:
+    """sources/live.py's NVDEC route read in this process (`live_workers = 0`), stand-ins for CuPy and
+    PyNvVideoCodec, a real paced feed: once the feed is closed, its reader has left and the last batch handed out
+    is back, the cached blocks of its CUDA stream are freed, once. Not before: a batch still in inference is
+    written on that stream. (Without it every live feed removed from such a daemon left its batches in CuPy's pool
+    on a stream nothing uses again.)"""
+    from stream import config
+    from stream.sources.live import LiveBatchSource
+    from stream.sources.naming import Source
+    from stream.tools.sample import make_sample_video
+
+    cp = sys.modules["cupy"]
+    video = make_sample_video(tmp_path / "feed.mp4", width=320, height=240, seconds=3.0)
+    cfg = config.load(None, {"live_decode": "nvdec", "max_staleness_ms": 10_000, "reconnect_initial_s": 0.2})
+    with PacedFeed(video) as feed:
+        src = LiveBatchSource(Source("cam", feed.url, live=True), model_info, cfg, device="cuda")
+        assert src.route == "nvdec"
+        stream = src._dev_rows.stream
+        batches = iter(src)
+        held = [next(batches), next(batches)]  # in inference, as far as the source knows
+        src.close()
+        assert src.reader is not None
+        src.reader.join(10)
+        assert not src.reader.is_alive()
+        time.sleep(0.2)
+        assert cp.freed_streams == [], "freed while two batches are out"
+        held.pop(0).release()
+        time.sleep(0.2)
+        assert cp.freed_streams == [], "freed while a batch is out"
+        held.pop(0).release()
+        deadline = time.monotonic() + 5
+        while not cp.freed_streams and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert cp.freed_streams == [stream]
+        src.close()  # again: nothing more
+        time.sleep(0.2)
+        assert cp.freed_streams == [stream] and src._free == []
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU_REASON is not None, reason=f"no NVDEC live path here: {GPU_REASON}")
+def test_live_feeds_read_here_one_after_another_leave_no_device_memory(
+    gpu_clips: dict[str, Path], model_info: Any
+) -> None:
+    """The real NVDEC route read in this process, three feeds one after another, each read for a few batches and
+    closed with every batch back: CuPy's pool holds no more after the third than after the first (each feed's
+    batches were allocated on its own stream; without the retire every feed left them in the pool)."""
+    import cupy as cp
+
+    from stream import config
+    from stream.sources.live import LiveBatchSource
+    from stream.sources.naming import Source
+
+    pool = cp.get_default_memory_pool()
+    cfg = config.load(None, {"live_decode": "nvdec", "max_staleness_ms": 10_000, "reconnect_initial_s": 0.2})
+    held_after: list[int] = []
+    for _ in range(3):
+        with PacedFeed(gpu_clips["feed"]) as feed:
+            src = LiveBatchSource(Source("cam", feed.url, live=True), model_info, cfg, device="cuda")
+            assert src.route == "nvdec"
+            batches = iter(src)
+            for _ in range(3):
+                next(batches).release()
+            src.close()
+            assert src.reader is not None
+            src.reader.join(10)
+            deadline = time.monotonic() + 10
+            while not src._retired and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert src._retired
+            time.sleep(0.5)  # the retire thread frees after a synchronize
+            held_after.append(pool.total_bytes())
+    batch_bytes = model_info.batch * 3 * model_info.height * model_info.width * np.dtype(model_info.dtype).itemsize
+    print(f"CuPy pool after each of three live feeds: {held_after} bytes (a batch: {batch_bytes})")
+    assert held_after[-1] - held_after[0] < batch_bytes, held_after
