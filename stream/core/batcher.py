@@ -28,6 +28,21 @@ Decision record:
   lane holds at most LIVE_DEPTH frames, and a newer part drops the oldest at once (counted "superseded"; its
   future settles empty, its buffer goes back). Two, not one: under the ceiling a feed served every other run
   keeps every frame; past it, a feed's frame waits at most about two frame intervals before its turn.
+- Past the ceiling a lane keeps one frame, not two: there a feed's turns come less often than its frames, so
+  at its turn its lane holds two, the worker takes the older (first in, first out), and the newer is
+  superseded before the next turn: every frame run was the older one, a frame interval (33 ms at 30 fps)
+  staler than the newest there was. With one, the turn runs the newest; as many frames are run (one a turn).
+  "Past the ceiling" is measured on what the depth cannot change (LiveLoad): live frames offered against the
+  slots the takes had for them (batch less file rows), over about the last second; at OVERLOAD_RATIO (1.15) or
+  more (a frame is offered before its take, so while the load rises the two counts differ by the frames
+  waiting; 1.15 leaves room for 0.2 s of them a second after a start). Under the ceiling every frame is run, so
+  the slots are at least the frames and lanes keep two: a feed whose frames come faster than one run (a CPU
+  engine's runs of 50 ms against frames every 33 ms) needs the second. Measured on the CPU (bench/RESULTS.md,
+  bench/latency.py --device cpu --modes rtsp, two runs each): 8 feeds past the ceiling published as many
+  frames at publish p50 89 ms against 100-106; 4 feeds under it lost none either way. A first form that took
+  each feed's share of frames dropped as the signal lost 66 of 1,216 frames at 4 feeds: once depth 1 was on,
+  its own drops kept it on. On an H100 before it (gate 2, MPS, 32 feeds): publish p50 86 ms, p99 125-174 ms,
+  runs of 44-48 ms from take to results, frames about 40 ms old at the take; not yet measured after.
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
@@ -77,6 +92,7 @@ import collections
 import heapq
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -92,6 +108,9 @@ from stream.engines.model import ModelInfo
 log = logging.getLogger(__name__)
 
 FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was queued (see the decision record)
+OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run slots are measured (LiveLoad)
+OVERLOAD_RATIO = 1.15  # past the ceiling: live frames offered over the slots the takes had for them, at least
+OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
@@ -124,6 +143,34 @@ class RunTime:
         return min(longest, budget_s * LEAD_CAP)
 
 
+class LiveLoad:
+    """Live frames that came into the lanes and the slots the takes had for them (a run's batch less its file
+    rows), each decayed with the time constant OVERLOAD_TAU_S: over about the last second, whether the live
+    feeds offer more than the engine runs. Neither count depends on which frames the lanes keep, so the depth
+    chosen from them does not feed back into them. Under the batcher's lock."""
+
+    __slots__ = ("offered", "slots", "at")
+
+    def __init__(self, now: float) -> None:
+        self.offered = 0.0
+        self.slots = 0.0
+        self.at = now
+
+    def add(self, now: float, offered: int = 0, slots: int = 0) -> None:
+        if now > self.at:
+            k = math.exp((self.at - now) / OVERLOAD_TAU_S)
+            self.offered *= k
+            self.slots *= k
+            self.at = now
+        self.offered += offered
+        self.slots += slots
+
+    def over(self) -> bool:
+        """Past the ceiling (see the decision record): a few frames at least came in, and OVERLOAD_RATIO times
+        the slots the takes had or more. Under the ceiling every frame is run, so the slots are at least the frames."""
+        return self.offered >= OVERLOAD_MIN_FRAMES and self.offered >= OVERLOAD_RATIO * self.slots
+
+
 class Batcher:
     def __init__(
         self,
@@ -154,6 +201,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._runs: list[_Work] = []
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
+        self.load = LiveLoad(time.monotonic())  # past the ceiling, a lane keeps 1 frame, not LIVE_DEPTH
         self._closing = False
         self._order = itertools.count()
         n = workers or engine.buffers
@@ -236,8 +284,10 @@ class Batcher:
             if lane is None:
                 lane = self._lanes[batch.stream] = collections.deque()
             lane.append(item)
+            self.load.add(time.monotonic(), offered=len(batch.frames))
+            depth = 1 if self.load.over() else LIVE_DEPTH
             frames = sum(len(it[2][0].frames) for it in lane)
-            while len(lane) > 1 and frames > LIVE_DEPTH:
+            while len(lane) > 1 and frames > depth:
                 old = lane.popleft()
                 frames -= len(old[2][0].frames)
                 dropped.append(old)
@@ -249,6 +299,11 @@ class Batcher:
                 old_batch.on_drop("superseded", len(old_batch.frames))
             whole.set_result([[]])
         return outs[0]
+
+    def over_ceiling(self) -> bool:
+        """Whether the live feeds offer more than the runs take now (their lanes keep 1 frame: decision record)."""
+        with self._cv:
+            return self.load.over()
 
     def close(self) -> None:
         """Let the workers finish what is queued and waiting in lanes, then stop them."""
@@ -269,6 +324,8 @@ class Batcher:
                         opened()
                         return
                     self._cv.wait(self._wait_s())
+                files = sum(len(b.frames) for _, _, ps, _, _ in group for b in ps if b.max_age_s is None)
+                self.load.add(time.monotonic(), slots=max(0, self.info.batch - files))
             parts = [b for _, _, ps, _, _ in group for b in ps]
             if len(group) > 1:
                 self.coalesced += len(group) - 1

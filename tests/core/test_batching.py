@@ -720,3 +720,63 @@ def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_
     assert drops == [("cam", "superseded", 1)]
     free, drops = asyncio.run(case(0))
     assert free.batches[1][:2] == ("cam", [0]) and drops == []
+
+
+def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame() -> None:
+    """Past the ceiling a feed's turn should run its newest frame, not the older of two: once the live frames
+    offered (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO times the slots the takes had for them or more, a lane
+    keeps one frame. Here the one slot is busy with a file run (no slots for live frames) while a feed sends
+    twenty frames; a burst of five is not a load (the lane keeps two: the test above)."""
+    from stream.core.batcher import LIVE_DEPTH, OVERLOAD_MIN_FRAMES
+
+    gate = threading.Event()
+    drops: list[tuple[str, str, int]] = []
+
+    async def case() -> tuple[list[Any], HeldEngine, Batcher, bool]:
+        eng = HeldEngine(gate)
+        b = Batcher(eng, INFO, 0.05, workers=1)
+        busy = b.submit(_make_part("busy", 4, 0, 0.0, None))
+        await asyncio.sleep(0.1)
+        futs = [b.submit(_live("cam", 1, i, drops)) for i in range(20)]
+        await asyncio.sleep(0)
+        over = b.over_ceiling()
+        gate.set()
+        res = await asyncio.gather(busy, *futs)
+        await asyncio.to_thread(b.close)
+        return res[1:], eng, b, over
+
+    res, eng, b, over = asyncio.run(case())
+    assert LIVE_DEPTH == 2 and OVERLOAD_MIN_FRAMES <= 17
+    assert over
+    assert [[r.meta.index for r in rs] for rs in res] == [[]] * 19 + [[19]]
+    assert eng.batches[1][:2] == ("cam", [19])
+    assert drops == [("cam", "superseded", 1)] * 19 and b.superseded == 19
+
+
+def test_the_live_load_is_frames_offered_against_slots_taken_over_about_a_second() -> None:
+    """LiveLoad: past the ceiling once the live frames offered (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO
+    times the slots the takes had or more; the counts decay with OVERLOAD_TAU_S, so when the load falls the lanes
+    keep two again within a few seconds; a load the runs keep up with is never past it, even with the slots
+    counted a fifth of a second after the frames (a CPU run's wait and run), one second after the start."""
+    from stream.core.batcher import OVERLOAD_TAU_S, LiveLoad
+
+    steady = LiveLoad(0.0)
+    for i in range(300):  # ten seconds of four 30-fps feeds: 120 frames a second, run in takes of 4, 0.2 s later
+        t = i / 30
+        steady.add(t, offered=4)
+        if t >= 0.2:
+            steady.add(t, slots=4)
+        if t >= 1.0:
+            assert not steady.over(), t
+    over = LiveLoad(0.0)
+    for i in range(60):  # two seconds of 32 feeds (960 frames a second) against 51 takes of 8 a second
+        over.add(i / 30, offered=32, slots=8 * (51 // 30 + (i % 30 < 51 % 30)))
+    assert over.over()
+    t = 2.0
+    while over.over():  # the load falls: 8 feeds from now on, every frame taken
+        t += 1 / 30
+        over.add(t, offered=8, slots=8)
+    assert t - 2.0 < 3 * OVERLOAD_TAU_S
+    burst = LiveLoad(0.0)
+    burst.add(0.0, offered=10)  # a burst with no take yet: not a load
+    assert not burst.over()
