@@ -111,6 +111,7 @@ FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was 
 OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run slots are measured (LiveLoad)
 OVERLOAD_RATIO = 1.15  # past the ceiling: live frames offered over the slots the takes had for them, at least
 OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
+OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
@@ -202,6 +203,8 @@ class Batcher:
         self._runs: list[_Work] = []
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
         self.load = LiveLoad(time.monotonic())  # past the ceiling, a lane keeps 1 frame, not LIVE_DEPTH
+        self._over = False  # the load's state as last seen by _to_lane
+        self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
         self._closing = False
         self._order = itertools.count()
         n = workers or engine.buffers
@@ -284,14 +287,30 @@ class Batcher:
             if lane is None:
                 lane = self._lanes[batch.stream] = collections.deque()
             lane.append(item)
-            self.load.add(time.monotonic(), offered=len(batch.frames))
-            depth = 1 if self.load.over() else LIVE_DEPTH
+            now = time.monotonic()
+            self.load.add(now, offered=len(batch.frames))
+            over = self.load.over()
+            depth = 1 if over else LIVE_DEPTH
+            say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
+            rates = (self.load.offered / OVERLOAD_TAU_S, self.load.slots / OVERLOAD_TAU_S)
+            if say:
+                self._over_logged = now
+            self._over = over
             frames = sum(len(it[2][0].frames) for it in lane)
             while len(lane) > 1 and frames > depth:
                 old = lane.popleft()
                 frames -= len(old[2][0].frames)
                 dropped.append(old)
             self._cv.notify()
+        if say:
+            log.warning(
+                "live feeds offer about %.0f frames a second and the model's runs have room for about %.0f: past "
+                "its rate, each feed's newest frame is run and the rest are dropped and counted "
+                "(stream_dropped_frames_total); lower detect_fps or the number of feeds, or add a GPU "
+                "(docs/live-feeds.md, Sizing). Said at most every %.0f minutes.",
+                *rates,
+                OVERLOAD_LOG_S / 60,
+            )
         for _, _, (old_batch,), whole, _ in dropped:
             self.superseded += 1
             old_batch.done()

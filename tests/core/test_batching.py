@@ -722,7 +722,7 @@ def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_
     assert free.batches[1][:2] == ("cam", [0]) and drops == []
 
 
-def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame() -> None:
+def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame(caplog: pytest.LogCaptureFixture) -> None:
     """Past the ceiling a feed's turn should run its newest frame, not the older of two: once the live frames
     offered (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO times the slots the takes had for them or more, a lane
     keeps one frame. Here the one slot is busy with a file run (no slots for live frames) while a feed sends
@@ -751,6 +751,9 @@ def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame() -> None:
     assert [[r.meta.index for r in rs] for rs in res] == [[]] * 19 + [[19]]
     assert eng.batches[1][:2] == ("cam", [19])
     assert drops == [("cam", "superseded", 1)] * 19 and b.superseded == 19
+    said = [r for r in caplog.records if "past its rate" in r.getMessage()]
+    assert len(said) == 1 and said[0].levelname == "WARNING", "said once, when the load went past the rate"
+    assert "lower detect_fps" in said[0].getMessage()
 
 
 def test_the_live_load_is_frames_offered_against_slots_taken_over_about_a_second() -> None:
