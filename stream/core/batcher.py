@@ -32,17 +32,19 @@ Decision record:
   at its turn its lane holds two, the worker takes the older (first in, first out), and the newer is
   superseded before the next turn: every frame run was the older one, a frame interval (33 ms at 30 fps)
   staler than the newest there was. With one, the turn runs the newest; as many frames are run (one a turn).
-  "Past the ceiling" is measured on what the depth cannot change (LiveLoad): live frames offered against the
-  slots the takes had for them (batch less file rows), over about the last second; at OVERLOAD_RATIO (1.15) or
-  more (a frame is offered before its take, so while the load rises the two counts differ by the frames
-  waiting; 1.15 leaves room for 0.2 s of them a second after a start). Under the ceiling every frame is run, so
-  the slots are at least the frames and lanes keep two: a feed whose frames come faster than one run (a CPU
+  "Past the ceiling" is measured on what the depth cannot change (LiveLoad): live frames leaving the lanes
+  (taken or superseded) against the slots the takes had for them (batch less file rows), over about the last
+  second; at OVERLOAD_RATIO (1.15) or more. Under the ceiling every frame is taken and a take has room for what
+  it takes, so the frames are at most the slots (a first count of frames as they came in, against slots at the
+  takes, ran ahead of the slots by the frames waiting while the load rose, 7-15% a second after a start at
+  0.1-0.2 s of waiting). Under it lanes keep two: a feed whose frames come faster than one run (a CPU
   engine's runs of 50 ms against frames every 33 ms) needs the second. Measured on the CPU (bench/RESULTS.md,
-  bench/latency.py --device cpu --modes rtsp, two runs each): 8 feeds past the ceiling published as many
-  frames at publish p50 89 ms against 100-106; 4 feeds under it lost none either way. A first form that took
-  each feed's share of frames dropped as the signal lost 66 of 1,216 frames at 4 feeds: once depth 1 was on,
-  its own drops kept it on. On an H100 before it (gate 2, MPS, 32 feeds): publish p50 86 ms, p99 125-174 ms,
-  runs of 44-48 ms from take to results, frames about 40 ms old at the take; not yet measured after.
+  bench/latency.py --device cpu --modes rtsp, three alternating pairs): 8 feeds past the ceiling published as
+  many frames 3-17 ms younger at the median and 9-22 ms at p99; at 4 feeds under it no frame was superseded.
+  Not kept: each feed's share of frames dropped as the signal (at 4 feeds under the ceiling, once depth 1 was
+  on its own drops kept it on: 66 of 1,216 frames lost); ratio 1.05 (on at 4 feeds on a loaded run). On an H100
+  before it (gate 2, MPS, 32 feeds): publish p50 86 ms, p99 125-174 ms, runs of 44-48 ms from take to results,
+  frames about 40 ms old at the take; not yet measured after.
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
@@ -109,7 +111,7 @@ log = logging.getLogger(__name__)
 
 FILE_DUE_S = 1.0  # a file batch's deadline in the work queue, from when it was queued (see the decision record)
 OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run slots are measured (LiveLoad)
-OVERLOAD_RATIO = 1.15  # past the ceiling: live frames offered over the slots the takes had for them, at least
+OVERLOAD_RATIO = 1.15  # past the ceiling: live frames out of the lanes over the slots the takes had, at least
 OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
 OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
@@ -145,10 +147,12 @@ class RunTime:
 
 
 class LiveLoad:
-    """Live frames that came into the lanes and the slots the takes had for them (a run's batch less its file
-    rows), each decayed with the time constant OVERLOAD_TAU_S: over about the last second, whether the live
-    feeds offer more than the engine runs. Neither count depends on which frames the lanes keep, so the depth
-    chosen from them does not feed back into them. Under the batcher's lock."""
+    """Live frames out of the lanes (taken into a run, or superseded) and the slots the takes had for them (a
+    run's batch less its file rows), each decayed with the time constant OVERLOAD_TAU_S: over about the last
+    second, whether the live feeds offer more than the engine runs. Every frame leaves its lane once, whichever
+    way, so neither count depends on how many frames a lane keeps, and the depth chosen from them does not feed
+    back into them; and a frame is counted when it leaves, at a take or at the arrival of a newer one, so under
+    the ceiling the frames of a take are never more than its slots. Under the batcher's lock."""
 
     __slots__ = ("offered", "slots", "at")
 
@@ -167,8 +171,9 @@ class LiveLoad:
         self.slots += slots
 
     def over(self) -> bool:
-        """Past the ceiling (see the decision record): a few frames at least came in, and OVERLOAD_RATIO times
-        the slots the takes had or more. Under the ceiling every frame is run, so the slots are at least the frames."""
+        """Past the ceiling (see the decision record): a few frames at least left the lanes, and OVERLOAD_RATIO
+        times the slots the takes had or more. Under the ceiling every frame is taken, and a take has room for
+        what it takes, so the frames are at most the slots."""
         return self.offered >= OVERLOAD_MIN_FRAMES and self.offered >= OVERLOAD_RATIO * self.slots
 
 
@@ -288,7 +293,6 @@ class Batcher:
                 lane = self._lanes[batch.stream] = collections.deque()
             lane.append(item)
             now = time.monotonic()
-            self.load.add(now, offered=len(batch.frames))
             over = self.load.over()
             depth = 1 if over else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
@@ -301,6 +305,8 @@ class Batcher:
                 old = lane.popleft()
                 frames -= len(old[2][0].frames)
                 dropped.append(old)
+            if dropped:  # frames leave the lane here or at a take: counted then (LiveLoad)
+                self.load.add(now, offered=sum(len(it[2][0].frames) for it in dropped))
             self._cv.notify()
         if say:
             log.warning(
@@ -344,7 +350,8 @@ class Batcher:
                         return
                     self._cv.wait(self._wait_s())
                 files = sum(len(b.frames) for _, _, ps, _, _ in group for b in ps if b.max_age_s is None)
-                self.load.add(time.monotonic(), slots=max(0, self.info.batch - files))
+                live = sum(len(b.frames) for _, _, ps, _, _ in group for b in ps if b.max_age_s is not None)
+                self.load.add(time.monotonic(), offered=live, slots=max(0, self.info.batch - files))
             parts = [b for _, _, ps, _, _ in group for b in ps]
             if len(group) > 1:
                 self.coalesced += len(group) - 1
