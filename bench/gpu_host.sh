@@ -148,7 +148,7 @@ mps() {
   # The daemon is this bench's own: private pipe and log folders (only processes given them use it), quit
   # at the end; the GPU's compute mode and other settings are left as they are. MPS_FEEDS, MPS_WORKERS: the
   # points; MPS_SET=KEY=VALUE: a config override for every point (outputs named mps-KEY-VALUE-*); MPS_48=0:
-  # without the 48-feed point.
+  # without the 48-feed point; MPS_ARGS: more arguments to bench/latency.py (e.g. "--lanes newest fifo").
   command -v nvidia-cuda-mps-control > /dev/null || { echo "nvidia-cuda-mps-control: not on this host" | tee "$OUT/mps.txt"; return 1; }
   need "device 8 fp16"
   local tag="" set=()
@@ -158,7 +158,7 @@ mps() {
   nvidia-cuda-mps-control -d || { echo "the MPS control daemon did not start" | tee "$OUT/mps.txt"; return 1; }
   timeout 400 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
     --modes paced --feeds ${MPS_FEEDS:-16 24 32} --seconds 8 --warmup 3 --live-workers ${MPS_WORKERS:-auto 0} \
-    "${set[@]}" --json "$OUT/mps$tag-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-cuda.txt"
+    "${set[@]}" ${MPS_ARGS:-} --json "$OUT/mps$tag-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-cuda.txt"
   grep -E "^\| paced" "$OUT/mps$tag-cuda.txt"
   if [ "${MPS_48:-1}" = 1 ]; then
     timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \

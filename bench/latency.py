@@ -16,6 +16,11 @@ Feeds (--modes; `auto` takes rtsp where it can run, else paced):
   publishing. Feeds are staggered by 1/N of a frame interval (cameras are not in phase). Used where no RTSP
   server can run (the GPU host has no GStreamer) and for 1080p feeds.
 
+A/B within one run: --live-workers V1 V2 (threads against decode processes) and --lanes newest fifo (lanes
+that past the ceiling keep a feed's newest frame only, the batcher's NEWEST_PAST_CEILING, off in the daemon,
+against the daemon's lanes of two frames, first in first out) start one daemon per value, each running every
+point.
+
 Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
 runs it with a control endpoint: a real Publisher on tcp://127.0.0.1, Prometheus metrics on a port of its own):
 its engine is made and warmed up on a 1-second clip once, then the feeds of each point are added to the running
@@ -200,6 +205,10 @@ async def serve(spec: dict[str, Any]) -> None:
     from stream.sinks.publish import Publisher
 
     cfg = config.load(None, spec["config"])
+    if spec.get("lanes") is not None:  # BENCH ONLY (--lanes): past the ceiling, lanes of 1 frame (newest) or 2 (fifo)
+        import stream.core.batcher
+
+        stream.core.batcher.NEWEST_PAST_CEILING = spec["lanes"] == "newest"
     info = load_info(cfg.model or default_model_path())
     engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     metrics = Metrics()
@@ -419,6 +428,7 @@ class Daemon:
         tmp: Path,
         overrides: dict[str, Any],
         kind: str | None = None,
+        lanes: str | None = None,
     ) -> None:
         self.a, self.mode = a, mode  # mode: the label of this daemon's rows; kind: rtsp or paced
         self.m_port = free_port()
@@ -444,6 +454,7 @@ class Daemon:
             "ceiling_batches": a.ceiling_batches,
             # the ceiling's batches: the paced feeds' own file; for rtsp the warm-up clip (the pattern's size)
             "ceiling_video": location if (kind or mode) == "paced" else str(warm),
+            "lanes": lanes,
         }
         self.log = tmp / f"daemon-{re.sub(r'[^A-Za-z0-9]+', '-', mode)}.log"
         self.sub = Subscriber(endpoint)
@@ -909,6 +920,14 @@ def main() -> None:
         help="A/B: one daemon per value of live_workers (0: threads; auto; a number of decode processes), "
         "each running every --feeds point; default: the config's",
     )
+    ap.add_argument(
+        "--lanes",
+        nargs="+",
+        default=None,
+        choices=["newest", "fifo"],
+        help="A/B: one daemon per value: newest (past the ceiling a feed's lane keeps its newest frame only: the "
+        "batcher's NEWEST_PAST_CEILING, off in the daemon) or fifo (two frames, first in first out: the daemon's)",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: latency histogram, one series per point")
@@ -996,11 +1015,18 @@ def main() -> None:
             f"max_staleness_ms {cfg.max_staleness_ms}; {os.cpu_count()} CPUs",
             flush=True,
         )
-        runs = [(m, loc, fps, warm, w) for m, loc, fps, warm in plan for w in (a.live_workers or [None])]
-        for mode, location, fps, warm, workers in runs:
+        runs = [
+            (m, loc, fps, warm, w, lanes)
+            for m, loc, fps, warm in plan
+            for w in (a.live_workers or [None])
+            for lanes in (a.lanes or [None])
+        ]
+        for mode, location, fps, warm, workers, lanes in runs:
             sets = dict(overrides) if workers is None else {**overrides, "live_workers": workers}
             label = mode if workers is None else f"{mode}, " + ("threads" if workers == "0" else f"workers {workers}")
-            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode)
+            if lanes is not None:
+                label += f", lanes {lanes}"
+            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes)
             try:
                 ceiling = daemon.measure_ceiling()
                 if ceiling is not None:

@@ -28,23 +28,25 @@ Decision record:
   lane holds at most LIVE_DEPTH frames, and a newer part drops the oldest at once (counted "superseded"; its
   future settles empty, its buffer goes back). Two, not one: under the ceiling a feed served every other run
   keeps every frame; past it, a feed's frame waits at most about two frame intervals before its turn.
-- Past the ceiling a lane keeps one frame, not two: there a feed's turns come less often than its frames, so
-  at its turn its lane holds two, the worker takes the older (first in, first out), and the newer is
-  superseded before the next turn: every frame run was the older one, a frame interval (33 ms at 30 fps)
-  staler than the newest there was. With one, the turn runs the newest; as many frames are run (one a turn).
-  "Past the ceiling" is measured on what the depth cannot change (LiveLoad): live frames leaving the lanes
-  (taken or superseded) against the slots the takes had for them (batch less file rows), over about the last
-  second; at OVERLOAD_RATIO (1.15) or more. Under the ceiling every frame is taken and a take has room for what
-  it takes, so the frames are at most the slots (a first count of frames as they came in, against slots at the
-  takes, ran ahead of the slots by the frames waiting while the load rose, 7-15% a second after a start at
-  0.1-0.2 s of waiting). Under it lanes keep two: a feed whose frames come faster than one run (a CPU
-  engine's runs of 50 ms against frames every 33 ms) needs the second. Measured on the CPU (bench/RESULTS.md,
-  bench/latency.py --device cpu --modes rtsp, three alternating pairs): 8 feeds past the ceiling published as
-  many frames 3-17 ms younger at the median and 9-22 ms at p99; at 4 feeds under it no frame was superseded.
-  Not kept: each feed's share of frames dropped as the signal (at 4 feeds under the ceiling, once depth 1 was
-  on its own drops kept it on: 66 of 1,216 frames lost); ratio 1.05 (on at 4 feeds on a loaded run). On an H100
-  before it (gate 2, MPS, 32 feeds): publish p50 86 ms, p99 125-174 ms, runs of 44-48 ms from take to results,
-  frames about 40 ms old at the take; not yet measured after.
+- Past the ceiling (measured by LiveLoad: live frames leaving the lanes, taken or superseded, against the slots
+  the takes had for them, over about the last second, at OVERLOAD_RATIO 1.15 or more) the daemon logs a warning
+  with both rates, at most every OVERLOAD_LOG_S. Every frame leaves its lane once, whichever way, so the counts
+  do not depend on the lane depth; counted as they leave, not as they come in, no start-up lag reads as a load.
+  Under the ceiling every frame is taken and a take has room for what it takes, so the frames are at most the
+  slots.
+- Not on by default: a lane of one frame past the ceiling (NEWEST_PAST_CEILING; bench/latency.py --lanes newest
+  fifo A/Bs it in one run). The idea: past the ceiling a feed's turns come less often than its frames, so at its
+  turn its lane holds two, the worker takes the older (first in, first out) and the newer is superseded before
+  the next turn: every frame run is a frame interval (33 ms at 30 fps) staler than the newest there was. On the
+  CPU (bench/RESULTS.md, 8 RTSP feeds, 2 cores) it did not pay: across runs of the code before and after it
+  looked 3-17 ms younger at p50, but side by side in one run (three pairs) the daemon with it published 92.6-99.9
+  fps against 103.1-114.0 without, its runs slower (78-83 ms take to results against 68-75), at no clear
+  latency gain. A feed read by threads hands the batcher parts of several frames, and a lane of one drops a
+  whole older part for a newer one. On a GPU with decode processes (one frame a part) it may still pay: on an
+  H100 before it (gate 2, MPS, 32 feeds) frames were about 40 ms old at the take, publish p50 86 ms, p99
+  125-174 ms. Measure there before turning it on. Forms of the signal not kept: each feed's share of frames
+  dropped (once depth 1 was on its own drops kept it on: 66 of 1,216 frames lost at 4 feeds under the
+  ceiling); ratio 1.05 (on at 4 feeds on a loaded run).
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
@@ -114,6 +116,7 @@ OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run
 OVERLOAD_RATIO = 1.15  # past the ceiling: live frames out of the lanes over the slots the takes had, at least
 OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
 OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
+NEWEST_PAST_CEILING = False  # past the ceiling a lane keeps 1 frame: off until measured on a GPU (decision record)
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
@@ -207,7 +210,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._runs: list[_Work] = []
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
-        self.load = LiveLoad(time.monotonic())  # past the ceiling, a lane keeps 1 frame, not LIVE_DEPTH
+        self.load = LiveLoad(time.monotonic())  # whether the live feeds are past the ceiling (decision record)
         self._over = False  # the load's state as last seen by _to_lane
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
         self._closing = False
@@ -294,7 +297,7 @@ class Batcher:
             lane.append(item)
             now = time.monotonic()
             over = self.load.over()
-            depth = 1 if over else LIVE_DEPTH
+            depth = 1 if over and NEWEST_PAST_CEILING else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
             rates = (self.load.offered / OVERLOAD_TAU_S, self.load.slots / OVERLOAD_TAU_S)
             if say:
@@ -326,7 +329,7 @@ class Batcher:
         return outs[0]
 
     def over_ceiling(self) -> bool:
-        """Whether the live feeds offer more than the runs take now (their lanes keep 1 frame: decision record)."""
+        """Whether the live feeds offer more than the runs take now (decision record)."""
         with self._cv:
             return self.load.over()
 

@@ -722,13 +722,21 @@ def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_
     assert free.batches[1][:2] == ("cam", [0]) and drops == []
 
 
-def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame(caplog: pytest.LogCaptureFixture) -> None:
-    """Past the ceiling a feed's turn should run its newest frame, not the older of two: once the live frames out
-    of the lanes (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO times the slots the takes had for them or more,
-    a lane keeps one frame. Here the one slot is busy with a file run (no slots for live frames) while a feed
-    sends twenty frames: the first sixteen superseded two deep, then one deep; a burst of five is not a load
-    (the lane keeps two: the test above)."""
+@pytest.mark.parametrize("newest", [True, False])
+def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, newest: bool
+) -> None:
+    """Once the live frames out of the lanes (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO times the slots the
+    takes had for them or more, the batcher is past the ceiling: it logs a warning once, and with
+    NEWEST_PAST_CEILING (off by default: the decision record) a lane keeps one frame, so that a feed's turn runs
+    its newest. Here the one slot is busy with a file run (no slots for live frames) while a feed sends twenty
+    frames: two deep, the last two run; one deep, the first sixteen go two deep, then one, and only the last runs.
+    A burst of five is not a load (the test above)."""
+    import stream.core.batcher as batcher
     from stream.core.batcher import LIVE_DEPTH, OVERLOAD_MIN_FRAMES
+
+    assert batcher.NEWEST_PAST_CEILING is False
+    monkeypatch.setattr(batcher, "NEWEST_PAST_CEILING", newest)
 
     gate = threading.Event()
     drops: list[tuple[str, str, int]] = []
@@ -749,9 +757,14 @@ def test_past_the_ceiling_a_lane_keeps_only_its_newest_frame(caplog: pytest.LogC
     res, eng, b, over = asyncio.run(case())
     assert LIVE_DEPTH == 2 and OVERLOAD_MIN_FRAMES <= 17
     assert over
-    assert [[r.meta.index for r in rs] for rs in res] == [[]] * 19 + [[19]]
-    assert eng.batches[1][:2] == ("cam", [19])
-    assert drops == [("cam", "superseded", 1)] * 19 and b.superseded == 19
+    if newest:
+        assert [[r.meta.index for r in rs] for rs in res] == [[]] * 19 + [[19]]
+        assert eng.batches[1][:2] == ("cam", [19])
+        assert drops == [("cam", "superseded", 1)] * 19 and b.superseded == 19
+    else:
+        assert [[r.meta.index for r in rs] for rs in res] == [[]] * 18 + [[18], [19]]
+        assert eng.batches[1][:2] == ("cam", [18, 19])
+        assert drops == [("cam", "superseded", 1)] * 18 and b.superseded == 18
     said = [r for r in caplog.records if "past its rate" in r.getMessage()]
     assert len(said) == 1 and said[0].levelname == "WARNING", "said once, when the load went past the rate"
     assert "lower detect_fps" in said[0].getMessage()
