@@ -337,6 +337,49 @@ def child_main(spec_json: str) -> None:
 # -- the subscriber and the orchestration (this process) --------------------------------------------------------
 
 
+class RtspServerProcess:
+    """tests/rtsp_server.py in a process of its own (the system python3, which has GStreamer's bindings), its
+    output in `log`. The server has now and then stopped accepting connections between points (2026-12-07, on
+    the CPU machine: the process gone, cause unknown); before each point `restart_if_gone` starts it again on the
+    same port and says so, with the end of its log, instead of the point failing after its start-up timeout."""
+
+    def __init__(self, port: int, log: Path) -> None:
+        self.port, self.log = port, log
+        self.restarts = 0
+        self.proc: subprocess.Popen[bytes] | None = None
+        self._start()
+
+    def _start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen([SYSTEM_PYTHON, str(RTSP_SERVER), str(self.port)], stdout=out, stderr=out)
+        deadline = time.time() + 30
+        while not port_open(self.port):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise SystemExit(f"the RTSP server ({RTSP_SERVER}) did not start; its log: {self.log}")
+            time.sleep(0.1)
+
+    def restart_if_gone(self) -> bool:
+        """Start the server again if it has exited or stopped listening; whether it did."""
+        code = self.proc.poll() if self.proc is not None else None
+        if code is None and port_open(self.port):
+            return False
+        tail = self.log.read_text(errors="replace").strip().splitlines()[-5:] if self.log.exists() else []
+        print(
+            f"the RTSP server {'exited with status ' + str(code) if code is not None else 'stopped listening'}; "
+            f"starting it again (its log, last lines: {tail})",
+            flush=True,
+        )
+        self.stop()
+        self.restarts += 1
+        self._start()
+        return True
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
 class Subscriber:
     """ZeroMQ SUB on a thread: (receive time, message) for every message."""
 
@@ -951,7 +994,7 @@ def main() -> None:
         if m not in modes:
             modes.append(m)
     tmp = Path(tempfile.mkdtemp(prefix="stream-latency-"))
-    server: subprocess.Popen[bytes] | None = None
+    server: RtspServerProcess | None = None
     res: dict[str, Any] = {
         "device": a.device,
         "machine": platform.node(),
@@ -979,14 +1022,7 @@ def main() -> None:
         for mode in modes:
             if mode == "rtsp":
                 port = free_port()
-                server = subprocess.Popen(
-                    [SYSTEM_PYTHON, str(RTSP_SERVER), str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-                )
-                deadline = time.time() + 30
-                while not port_open(port):
-                    if server.poll() is not None or time.time() > deadline:
-                        raise SystemExit(f"the RTSP server ({RTSP_SERVER}) did not start")
-                    time.sleep(0.1)
+                server = RtspServerProcess(port, tmp / "rtsp-server.log")
                 warm = make_sample_video(tmp / "warm-320x240.mp4", width=320, height=240, fps=30, seconds=1.0)
                 res["modes"]["rtsp"] = (
                     "tests/rtsp_server.py (GStreamer RTSP server on 127.0.0.1): live 320x240 "
@@ -1038,6 +1074,8 @@ def main() -> None:
                         flush=True,
                     )
                 for n in a.feeds:
+                    if mode == "rtsp" and server is not None and server.restart_if_gone():
+                        res["rtsp_server_restarts"] = server.restarts
                     p = daemon.point(n)
                     res["points"].append(p)
                     print(
@@ -1062,8 +1100,7 @@ def main() -> None:
             plot(res, a.plot)
     finally:
         if server is not None:
-            server.kill()
-            server.wait(10)
+            server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
 
 
