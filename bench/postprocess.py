@@ -148,15 +148,17 @@ async def measure_config(
 
 
 def device_used_mib(device: str) -> float | None:
-    """The device's used memory (total - free) in MiB, after freeing CuPy's cached blocks; None off CUDA."""
+    """The device's used memory in MiB (the daemon's gauge: stream.daemon.gpu_memory), after freeing CuPy's
+    cached blocks; None off CUDA."""
     if device != "cuda":
         return None
     import cupy as cp
 
+    from stream.daemon.gpu_memory import used_bytes
+
     gc.collect()
     cp.get_default_memory_pool().free_all_blocks()
-    free, total = cp.cuda.runtime.memGetInfo()
-    return (total - free) / 2**20
+    return used_bytes() / 2**20
 
 
 def provider_sweep(a: argparse.Namespace, video: Path) -> list[dict[str, Any]]:

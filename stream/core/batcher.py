@@ -299,9 +299,9 @@ class Batcher:
             over = self.load.over()
             depth = 1 if over and NEWEST_PAST_CEILING else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
-            rates = (self.load.offered / OVERLOAD_TAU_S, self.load.slots / OVERLOAD_TAU_S)
             if say:
                 self._over_logged = now
+                rates = (self.load.offered / OVERLOAD_TAU_S, self.load.slots / OVERLOAD_TAU_S)
             self._over = over
             frames = sum(len(it[2][0].frames) for it in lane)
             while len(lane) > 1 and frames > depth:
@@ -352,10 +352,10 @@ class Batcher:
                         opened()
                         return
                     self._cv.wait(self._wait_s())
-                files = sum(len(b.frames) for _, _, ps, _, _ in group for b in ps if b.max_age_s is None)
-                live = sum(len(b.frames) for _, _, ps, _, _ in group for b in ps if b.max_age_s is not None)
+                parts = [b for _, _, ps, _, _ in group for b in ps]
+                live = sum(len(b.frames) for b in parts if b.max_age_s is not None)
+                files = sum(len(b.frames) for b in parts) - live
                 self.load.add(time.monotonic(), offered=live, slots=max(0, self.info.batch - files))
-            parts = [b for _, _, ps, _, _ in group for b in ps]
             if len(group) > 1:
                 self.coalesced += len(group) - 1
             try:

@@ -16,10 +16,9 @@ On a C library without `mallopt` (musl, macOS) nothing is done.
 
 from __future__ import annotations
 
-import ctypes
 import logging
-import os
-import sys
+
+from stream.libc import mallopt
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +28,7 @@ MMAP_THRESHOLD = 1 << 20
 
 def set_mmap_threshold(nbytes: int = MMAP_THRESHOLD) -> bool:
     """Fix glibc's mmap threshold at `nbytes`; True when it was set."""
-    if not sys.platform.startswith("linux") or "MALLOC_MMAP_THRESHOLD_" in os.environ:
-        return False
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    ok = mallopt(M_MMAP_THRESHOLD, nbytes) == 1
-    if not ok:
+    ok = mallopt(M_MMAP_THRESHOLD, nbytes, "MALLOC_MMAP_THRESHOLD_")
+    if ok is False:
         log.debug("mallopt(M_MMAP_THRESHOLD, %d) refused", nbytes)
-    return ok
+    return bool(ok)

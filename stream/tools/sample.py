@@ -12,14 +12,14 @@ which take odd 4:2:0 sizes, to test the GPU path with odd sizes).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import logging
 import os
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from stream.libc import mallopt
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +81,13 @@ def zeroed_heap() -> Iterator[None]:
     handed out is filled with the byte's complement), as a fresh process's is, so that code reading memory it
     never wrote reads the same bytes every time; off again after. Left alone where MALLOC_PERTURB_ is set, and on
     C libraries without mallopt."""
-    mallopt = None
-    if sys.platform.startswith("linux") and "MALLOC_PERTURB_" not in os.environ:
-        try:
-            mallopt = ctypes.CDLL(None).mallopt
-            mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-        except (OSError, AttributeError):
-            mallopt = None
-    if mallopt is None:
+    if mallopt(M_PERTURB, 0xFF, "MALLOC_PERTURB_") is None:
         yield
         return
-    mallopt(M_PERTURB, 0xFF)
     try:
         yield
     finally:
-        mallopt(M_PERTURB, 0)
+        mallopt(M_PERTURB, 0, "MALLOC_PERTURB_")
 
 
 def make_sample_video(
