@@ -19,7 +19,7 @@ Feeds (--modes; `auto` takes rtsp where it can run, else paced):
 A/B within one run: --live-workers V1 V2 (threads against decode processes) and --lanes newest fifo (lanes
 that past the ceiling keep a feed's newest frame only, the batcher's NEWEST_PAST_CEILING, off in the daemon,
 against the daemon's lanes of two frames, first in first out) start one daemon per value, each running every
-point.
+point; so does --vary KEY=V1,V2,... for any config key (e.g. --vary take_ahead_ms=0,6).
 
 Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
 runs it with a control endpoint: a real Publisher on tcp://127.0.0.1, Prometheus metrics on a port of its own):
@@ -917,6 +917,22 @@ def plot(res: dict[str, Any], path: Path) -> None:
     print(f"plot: {path} ({path.stat().st_size // 1024} KB)")
 
 
+def parse_vary(item: str | None) -> tuple[str | None, list[Any]]:
+    """--vary KEY=V1,V2,...: the key and its values (each parsed as --set parses one), checked against the config."""
+    if item is None:
+        return None, []
+    key, sep, values = item.partition("=")
+    parsed = [parse_sets([f"{key}={v}"])[key.strip()] for v in values.split(",") if v.strip()]
+    if not sep or not parsed:
+        raise SystemExit(f"--vary {item!r}: write KEY=V1,V2 (a config key, see configs/default.toml)")
+    for v in parsed:
+        try:
+            config.load(None, {key.strip(): v})
+        except Exception as exc:
+            raise SystemExit(f"--vary {item!r}: {exc}") from exc
+    return key.strip(), parsed
+
+
 def parse_sets(items: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items:
@@ -971,6 +987,12 @@ def main() -> None:
         help="A/B: one daemon per value: newest (past the ceiling a feed's lane keeps its newest frame only: the "
         "batcher's NEWEST_PAST_CEILING, off in the daemon) or fifo (two frames, first in first out: the daemon's)",
     )
+    ap.add_argument(
+        "--vary",
+        default=None,
+        metavar="KEY=V1,V2",
+        help="A/B: one daemon per value of a config key, each running every --feeds point",
+    )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--plot", type=Path, default=None, help="PNG: latency histogram, one series per point")
@@ -980,6 +1002,7 @@ def main() -> None:
     from stream.tools.sample import make_sample_video
 
     overrides = parse_sets(a.set)
+    vary_key, vary_values = parse_vary(a.vary)
     cfg = config.load(None, {"device": a.device, "buffers": a.buffers, **overrides})
     model = a.model or default_model_path()
     info = load_info(model)
@@ -1052,16 +1075,20 @@ def main() -> None:
             flush=True,
         )
         runs = [
-            (m, loc, fps, warm, w, lanes)
+            (m, loc, fps, warm, w, lanes, v)
             for m, loc, fps, warm in plan
             for w in (a.live_workers or [None])
             for lanes in (a.lanes or [None])
+            for v in (vary_values or [None])
         ]
-        for mode, location, fps, warm, workers, lanes in runs:
+        for mode, location, fps, warm, workers, lanes, value in runs:
             sets = dict(overrides) if workers is None else {**overrides, "live_workers": workers}
             label = mode if workers is None else f"{mode}, " + ("threads" if workers == "0" else f"workers {workers}")
             if lanes is not None:
                 label += f", lanes {lanes}"
+            if vary_key is not None:
+                sets[vary_key] = value
+                label += f", {vary_key} {value}"
             daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes)
             try:
                 ceiling = daemon.measure_ceiling()
@@ -1079,7 +1106,7 @@ def main() -> None:
                     p = daemon.point(n)
                     res["points"].append(p)
                     print(
-                        f"{mode}, {n:2d} feeds: {p['fps']:.1f} fps published, of ceiling {fmt_share(p)}, "
+                        f"{label}, {n:2d} feeds: {p['fps']:.1f} fps published, of ceiling {fmt_share(p)}, "
                         f"{p['read_fps']:.1f} read; per-feed frames {fmt_feeds(p)}; "
                         f"receive p50 {fmt_ms(p['receive_ms']['p50'])} p99 {fmt_ms(p['receive_ms']['p99'])} max "
                         f"{fmt_ms(p['receive_ms']['max'])} ms; dropped {p['dropped'] or 0}, "

@@ -345,6 +345,14 @@ class Config:
         "still overlaps the next). 0: as many as buffers; a value of buffers or more is the same.",
         bounds=(0, 8),
     )
+    take_ahead_ms: int = _key(
+        0,
+        "CUDA, with runs_in_flight: while a run's model is on the GPU, the next run takes its frames this long "
+        "before that run is expected to end (the recent runs' model time), rather than as soon as the gate lets "
+        "it: live frames are chosen about a run later, and the GPU still has the next run before it idles. 0: as "
+        "soon as the gate lets it.",
+        bounds=(0, 1_000),
+    )
     queue_batches: int = _key(
         2, "Batches of a stream decoded ahead of publishing; bounds memory and latency.", bounds=(1, 64)
     )

@@ -85,6 +85,16 @@ Decision record:
   pairs, p99 at 32 feeds 125-174 against 141-183 ms and 81-88% of the ceiling against 79-86%, and no cost to files
   (8 file streams 464.5 against 458.8 fps). Gate 1: p99 96-100 ms but 79-82% of the ceiling (a run's take to
   results 24-26 ms, and the GPU idles while the next run is taken). So 2 is the default.
+- `take_ahead_ms` (the engine's `take_ahead_s`; with the gate only): just-in-time takes. With a gate of two, a
+  worker that holds it takes its run at once, while the run ahead still has its whole model to go, so the two
+  share the GPU and each frame taken waits about a run before the GPU starts on it (44-52 ms from the take to
+  results on an H100 past the ceiling, for runs of about 17 ms alone). With a gate of one the GPU idles from a
+  model's end until the next run is taken, stacked and launched (47 runs a second against 52-54). A
+  just-in-time take waits until the run on the device is `take_ahead_s` from its expected end (its launch plus
+  the median model time of the last MODEL_TIME_WINDOW runs, `ModelTime`, from the engine call to
+  Batch.inferred), then chooses its frames: the GPU has the next run before it idles, and the frames are
+  chosen about a run later than with the gate alone. A run that ends sooner wakes the wait; before the first
+  model time is known, and with nothing on the device, a take goes at once. Off unless set (measure first).
 - Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
   threads share the heap and the lanes under one condition variable.
 """
@@ -122,6 +132,7 @@ RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its m
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
 TAKE_SLACK_S = 0.005  # a live part stops waiting to merge this long before it would be taken stale
 LIVE_DEPTH = 2  # frames of one live feed waiting in its lane; a newer part drops the oldest past this
+MODEL_TIME_WINDOW = 16  # runs the model-time estimate of a just-in-time take looks back over (its median)
 
 _Results = list[list[FrameResult]]  # a run's results: per part, per frame
 # A queued run or lane part: (due, order, parts, future, loop).
@@ -147,6 +158,23 @@ class RunTime:
         with self._lock:
             longest = max(self._recent, default=0.0)
         return min(longest, budget_s * LEAD_CAP)
+
+
+class ModelTime:
+    """How long a run's model takes on the GPU (seconds from the engine call to Batch.inferred): the median of
+    the last MODEL_TIME_WINDOW runs, None before the first. Under the batcher's lock."""
+
+    def __init__(self, window: int = MODEL_TIME_WINDOW) -> None:
+        self._recent: collections.deque[float] = collections.deque(maxlen=window)
+
+    def add(self, seconds: float) -> None:
+        self._recent.append(seconds)
+
+    def typical(self) -> float | None:
+        if not self._recent:
+            return None
+        ordered = sorted(self._recent)
+        return ordered[len(ordered) // 2]
 
 
 class LiveLoad:
@@ -220,6 +248,12 @@ class Batcher:
         # takes only once it holds the gate, and the engine opens it again when the model has run
         gate = int(getattr(engine, "in_flight", 0) or 0)
         self._gate = threading.BoundedSemaphore(gate) if 0 < gate < n else None
+        # just-in-time takes (the engine's `take_ahead_s`, with the gate): a worker holding the gate takes its run
+        # this long before the earliest run on the device is expected to end (decision record)
+        ahead = getattr(engine, "take_ahead_s", None) if self._gate is not None else None
+        self._ahead: float | None = float(ahead) if ahead else None
+        self._in_model: dict[int, float] = {}  # runs whose model is on the device: order -> launch (monotonic)
+        self.model_time = ModelTime()
         self._workers = [threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True) for i in range(n)]
         for t in self._workers:
             t.start()
@@ -347,7 +381,10 @@ class Batcher:
         while True:
             opened = self._enter()
             with self._cv:
-                while (group := self._take()) is None:
+                while (turn := self._turn_s()) > 0 or (group := self._take()) is None:
+                    if turn > 0:
+                        self._cv.wait(turn)
+                        continue
                     if self._closing and not self._runs and not any(self._lanes.values()):
                         opened()
                         return
@@ -384,6 +421,28 @@ class Batcher:
                 gate.release()
 
         return opened
+
+    def _turn_s(self) -> float:
+        """How long a worker holding the gate still waits before it takes (under _cv): with `take_ahead_s`, while
+        another run's model is on the device, until that run is `take_ahead_s` from its expected end (its launch
+        plus the typical model time); 0 when none is, before the first model time is known, or without
+        `take_ahead_s`. A run that ends (or launches) notifies the waiters, which ask again."""
+        if self._ahead is None or self._closing or not self._in_model:
+            return 0.0
+        typical = self.model_time.typical()
+        if typical is None:
+            return 0.0
+        return max(0.0, min(self._in_model.values()) + typical - self._ahead - time.monotonic())
+
+    def _model_ended(self, token: int, launched: float, measured: bool) -> None:
+        """A run's model is off the device (`measured`: the engine said so, Batch.inferred; else the run ended
+        without saying so, and its time is not counted)."""
+        with self._cv:
+            if self._in_model.pop(token, None) is None:
+                return
+            if measured:
+                self.model_time.add(time.monotonic() - launched)
+            self._cv.notify_all()
 
     def _wait_s(self) -> float | None:
         """How long a worker with nothing to take sleeps (under _cv): until the oldest frame in a lane has
@@ -494,8 +553,21 @@ class Batcher:
             else:
                 batch = self.stack(fresh)
                 self.merged += len(fresh) > 1
-            batch.inferred = opened
-            res, at = self.engine.infer(batch), 0
+            token = next(self._order)
+            launched = time.monotonic()
+            with self._cv:
+                self._in_model[token] = launched
+                self._cv.notify_all()  # a worker about to take waits for this run now (_turn_s)
+
+            def inferred() -> None:
+                self._model_ended(token, launched, measured=True)
+                opened()
+
+            batch.inferred = inferred
+            try:
+                res, at = self.engine.infer(batch), 0
+            finally:
+                self._model_ended(token, launched, measured=False)
             took = time.time() - t0
             self.run_time.add(took)
             self.instrument.batch_ran(len(batch.frames), took)

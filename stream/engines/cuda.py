@@ -202,6 +202,7 @@ class CudaEngine:
         pad_partial: bool = True,
         cuda_graph: str = "auto",
         runs_in_flight: int = 0,
+        take_ahead_ms: float = 0.0,
     ) -> None:
         import cupy as cp
         import onnxruntime as ort
@@ -213,6 +214,8 @@ class CudaEngine:
         self.buffers = buffers
         # the batcher's gate: runs whose model part is on the GPU at once (0 or >= buffers: no gate)
         self.in_flight = runs_in_flight if 0 < runs_in_flight < buffers else 0
+        # with the gate: the next run takes this long before the run on the GPU is expected to end (None: at once)
+        self.take_ahead_s = take_ahead_ms / 1000.0 if self.in_flight and take_ahead_ms > 0 else None
         self.device_id = device_id
         self._cp = cp
         self._dtype = np.dtype(info.dtype)

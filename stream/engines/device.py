@@ -70,6 +70,7 @@ def make_engine(device: str, info: ModelInfo, cfg: Config) -> Engine:
             pad_partial=cfg.pad_partial,
             cuda_graph=cfg.cuda_graph,
             runs_in_flight=cfg.runs_in_flight,
+            take_ahead_ms=cfg.take_ahead_ms,
         )
     from stream.engines.cpu import CpuEngine
 

@@ -722,6 +722,67 @@ def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_
     assert free.batches[1][:2] == ("cam", [0]) and drops == []
 
 
+class TimedEngine(GatedEngine):
+    """A GatedEngine that notes when each run reaches it (its launch) and may take a different model time per
+    run (`model_times`, consumed in order; then `model_s`)."""
+
+    def __init__(self, in_flight: int, take_ahead_s: float | None, model_s: float) -> None:
+        super().__init__(in_flight, model_s=model_s, post_s=0.0)
+        self.take_ahead_s = take_ahead_s
+        self.launches: list[float] = []
+        self.model_times: list[float] = []
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        self.launches.append(time.monotonic())
+        if self.model_times:
+            self.model_s = self.model_times.pop(0)
+        return super().infer(batch)
+
+
+def _launch_gaps(eng: TimedEngine, runs: int, warm: int = 1) -> list[float]:
+    """`warm` runs one after another (the model time becomes known), then `runs` full batches at once: the gaps
+    between the launches of the latter."""
+
+    async def case() -> None:
+        b = Batcher(eng, INFO, 0.05)
+        for i in range(warm):
+            await b.submit(_make_part("warm", 4, 4 * i, 0.0, None))
+        await asyncio.gather(*[b.submit(_make_part(f"f{i}", 4, 0, 0.0, None)) for i in range(runs)])
+        await asyncio.wait_for(asyncio.to_thread(b.close), 5)
+
+    asyncio.run(case())
+    t = eng.launches[warm:]
+    return [b - a for a, b in zip(t, t[1:])]
+
+
+def test_a_just_in_time_take_launches_the_next_run_take_ahead_before_the_run_on_the_device_ends() -> None:
+    """`take_ahead_ms` (the engine's take_ahead_s) with a gate of two: once a run's model time is known, a
+    worker holding the gate takes its run `take_ahead` before the run on the device is expected to end (model
+    time 0.4 s, ahead 0.15 s: launches 0.25 s apart, each before the run ahead ended, so two models overlap
+    briefly), not as soon as the gate lets it (then two runs launch together and the third waits for a model
+    to end, 0.4 s). Without a known model time (the first runs) it takes at once."""
+    jit = TimedEngine(2, 0.15, model_s=0.4)
+    gaps = _launch_gaps(jit, 3)
+    assert all(0.2 <= g < 0.4 for g in gaps), gaps
+    assert jit.most_model == 2  # each run launched before the one ahead ended
+    plain = TimedEngine(2, None, model_s=0.4)
+    gaps = _launch_gaps(plain, 3)
+    assert gaps[0] < 0.1 and gaps[1] >= 0.38, gaps
+    first = TimedEngine(2, 0.15, model_s=0.4)  # no model time known yet: as with the plain gate
+    gaps = _launch_gaps(first, 3, warm=0)
+    assert gaps[0] < 0.1, gaps
+
+
+def test_a_just_in_time_take_goes_at_once_when_the_run_ahead_ends_early() -> None:
+    """A run that ends before its expected time wakes the take that waits for it: the GPU does not idle for a
+    prediction. Model time known as 0.6 s, the next run takes 0.05 s: the one after it launches about then,
+    not 0.6 - 0.1 s after."""
+    eng = TimedEngine(2, 0.1, model_s=0.6)
+    eng.model_times = [0.6, 0.05, 0.6]
+    gaps = _launch_gaps(eng, 2)
+    assert gaps[0] < 0.3, gaps
+
+
 @pytest.mark.parametrize("newest", [True, False])
 def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
     caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, newest: bool

@@ -10,6 +10,7 @@ r50_head_fp16.onnx when present, else exported here, about 20 s each on the host
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -369,13 +370,16 @@ def test_cuda_graph_engine_from_many_threads_beside_other_gpu_work(
     assert total > 0
 
 
+@pytest.mark.parametrize("take_ahead_ms", [0, 6])
 def test_a_gated_engine_through_the_batcher_gives_the_same_detections(
-    r50: dict[str, Path], real_frames: np.ndarray
+    r50: dict[str, Path], real_frames: np.ndarray, take_ahead_ms: int
 ) -> None:
     """`runs_in_flight` (the batcher's gate, opened by the engine once ORT's run returned): three buffers, at most
     two models on the GPU at once. Batches of several streams through the batcher get the ungated engine's
     detections, the engine opens the gate once per run (before post-processing, so a run's post-processing can
-    overlap the next model), and the gate is whole again at the end."""
+    overlap the next model), and the gate is whole again at the end. With `take_ahead_ms` (just-in-time takes)
+    the same detections, the model time is measured, and once it is known a run launches no sooner than the run
+    ahead's expected end less the take-ahead (the median gap between launches)."""
     import asyncio
 
     from stream.core.batcher import Batcher
@@ -384,7 +388,8 @@ def test_a_gated_engine_through_the_batcher_gives_the_same_detections(
     from stream.engines.model import load_info
 
     info = load_info(r50["fp16"])
-    gated = CudaEngine(info, buffers=3, conv_algo_search="heuristic", runs_in_flight=2)
+    gated = CudaEngine(info, buffers=3, conv_algo_search="heuristic", runs_in_flight=2, take_ahead_ms=take_ahead_ms)
+    assert gated.take_ahead_s == (take_ahead_ms / 1000 if take_ahead_ms else None)
     plain = CudaEngine(info, buffers=1, conv_algo_search="heuristic", cuda_graph="off", warm_up=False)
     assert gated.in_flight == 2
     assert CudaEngine(info, buffers=2, runs_in_flight=2, warm_up=False).in_flight == 0  # no gate: not fewer
@@ -398,7 +403,10 @@ def test_a_gated_engine_through_the_batcher_gives_the_same_detections(
 
     real_infer = gated.infer
 
+    launches: list[float] = []
+
     def infer(batch: Batch) -> Any:  # the engine's call of Batch.inferred, seen from outside
+        launches.append(time.monotonic())
         seen: list[int] = []
         gate = batch.inferred
         assert gate is not None
@@ -416,6 +424,11 @@ def test_a_gated_engine_through_the_batcher_gives_the_same_detections(
         res = await asyncio.gather(*futs)
         await asyncio.to_thread(b.close)
         assert b._gate._value == 2  # every run gave its place back
+        typical = b.model_time.typical()
+        assert typical is not None and typical > 0
+        if take_ahead_ms:
+            gaps = sorted(y - x for x, y in zip(launches[3:], launches[4:]))
+            assert gaps[len(gaps) // 2] >= 0.5 * (typical - take_ahead_ms / 1000), (gaps, typical)
         return res
 
     got = asyncio.run(case())
