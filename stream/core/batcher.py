@@ -90,9 +90,10 @@ Decision record:
   share the GPU and each frame taken waits about a run before the GPU starts on it (44-52 ms from the take to
   results on an H100 past the ceiling, for runs of about 17 ms alone). With a gate of one the GPU idles from a
   model's end until the next run is taken, stacked and launched (47 runs a second against 52-54). A
-  just-in-time take waits until the run on the device is `take_ahead_s` from its expected end (its launch plus
-  the median model time of the last MODEL_TIME_WINDOW runs, `ModelTime`, from the engine call to
-  Batch.inferred), then chooses its frames: the GPU has the next run before it idles, and the frames are
+  just-in-time take waits until the run on the device is `take_ahead_s` from its expected end (its take plus
+  the median model time of the last MODEL_TIME_WINDOW runs, `ModelTime`, from the take to Batch.inferred; a
+  run counts as on the device from its take, under the lock, so no two takes can both see the device free),
+  then chooses its frames: the GPU has the next run before it idles, and the frames are
   chosen about a run later than with the gate alone. A run that ends sooner wakes the wait; before the first
   model time is known, and with nothing on the device, a take goes at once. Off unless set (measure first).
 - Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
@@ -252,7 +253,7 @@ class Batcher:
         # this long before the earliest run on the device is expected to end (decision record)
         ahead = getattr(engine, "take_ahead_s", None) if self._gate is not None else None
         self._ahead: float | None = float(ahead) if ahead else None
-        self._in_model: dict[int, float] = {}  # runs whose model is on the device: order -> launch (monotonic)
+        self._in_model: dict[int, float] = {}  # runs taken whose model is not done: order -> take (monotonic)
         self.model_time = ModelTime()
         self._workers = [threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True) for i in range(n)]
         for t in self._workers:
@@ -392,11 +393,19 @@ class Batcher:
                 parts = [b for _, _, ps, _, _ in group for b in ps]
                 live = sum(len(b.frames) for b in parts if b.max_age_s is not None)
                 files = sum(len(b.frames) for b in parts) - live
-                self.load.add(time.monotonic(), offered=live, slots=max(0, self.info.batch - files))
+                taken = time.monotonic()
+                self.load.add(taken, offered=live, slots=max(0, self.info.batch - files))
+                token = next(self._order)
+                self._in_model[token] = taken  # on the device from now on, as far as the next take knows (_turn_s)
+
+            def off_device(token: int = token, taken: float = taken, opened: Callable[[], None] = opened) -> None:
+                self._model_ended(token, taken, measured=True)
+                opened()
+
             if len(group) > 1:
                 self.coalesced += len(group) - 1
             try:
-                res = self._work(parts, opened)
+                res = self._work(parts, off_device)
             except BaseException as exc:  # handed to the streams whose batches these were
                 for _, _, _, fut, loop in group:
                     _resolve(loop, fut, exc)
@@ -406,6 +415,7 @@ class Batcher:
                     _resolve(loop, fut, res[at : at + len(ps)])
                     at += len(ps)
             finally:
+                self._model_ended(token, taken, measured=False)
                 opened()
 
     def _enter(self) -> Callable[[], None]:
@@ -424,9 +434,9 @@ class Batcher:
 
     def _turn_s(self) -> float:
         """How long a worker holding the gate still waits before it takes (under _cv): with `take_ahead_s`, while
-        another run's model is on the device, until that run is `take_ahead_s` from its expected end (its launch
+        another run's model is on the device, until that run is `take_ahead_s` from its expected end (its take
         plus the typical model time); 0 when none is, before the first model time is known, or without
-        `take_ahead_s`. A run that ends (or launches) notifies the waiters, which ask again."""
+        `take_ahead_s`. A run whose model ends notifies the waiters, which ask again."""
         if self._ahead is None or self._closing or not self._in_model:
             return 0.0
         typical = self.model_time.typical()
@@ -434,14 +444,14 @@ class Batcher:
             return 0.0
         return max(0.0, min(self._in_model.values()) + typical - self._ahead - time.monotonic())
 
-    def _model_ended(self, token: int, launched: float, measured: bool) -> None:
+    def _model_ended(self, token: int, taken: float, measured: bool) -> None:
         """A run's model is off the device (`measured`: the engine said so, Batch.inferred; else the run ended
         without saying so, and its time is not counted)."""
         with self._cv:
             if self._in_model.pop(token, None) is None:
                 return
             if measured:
-                self.model_time.add(time.monotonic() - launched)
+                self.model_time.add(time.monotonic() - taken)
             self._cv.notify_all()
 
     def _wait_s(self) -> float | None:
@@ -553,21 +563,8 @@ class Batcher:
             else:
                 batch = self.stack(fresh)
                 self.merged += len(fresh) > 1
-            token = next(self._order)
-            launched = time.monotonic()
-            with self._cv:
-                self._in_model[token] = launched
-                self._cv.notify_all()  # a worker about to take waits for this run now (_turn_s)
-
-            def inferred() -> None:
-                self._model_ended(token, launched, measured=True)
-                opened()
-
-            batch.inferred = inferred
-            try:
-                res, at = self.engine.infer(batch), 0
-            finally:
-                self._model_ended(token, launched, measured=False)
+            batch.inferred = opened
+            res, at = self.engine.infer(batch), 0
             took = time.time() - t0
             self.run_time.add(took)
             self.instrument.batch_ran(len(batch.frames), took)
