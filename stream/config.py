@@ -492,6 +492,12 @@ class Config:
         "pass it. Raise it to drop less at the cost of latency.",
         bounds=(1, 600_000),
     )
+    live_pacing: bool = _key(
+        False,
+        "Past the model's rate, each live feed's frames beyond its share of the runs (a little over it) are "
+        "dropped right after decode, before colour conversion and any buffer, and counted (overload); false: "
+        "every frame goes on, and the feed's newest ones win in the batcher.",
+    )
     batch_timeout_ms: int = _key(
         50,
         "A partial batch waits for other streams' frames to fill the model's batch at most until its oldest "

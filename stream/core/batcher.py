@@ -133,6 +133,8 @@ RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its m
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
 TAKE_SLACK_S = 0.005  # a live part stops waiting to merge this long before it would be taken stale
 LIVE_DEPTH = 2  # frames of one live feed waiting in its lane; a newer part drops the oldest past this
+PACE_MARGIN = 1.3  # past the ceiling a live feed is paced to this times its share (pace_for; decision record)
+PACE_HOLD_S = 2.0  # ... from the last moment the live feeds were past the ceiling, for this long
 MODEL_TIME_WINDOW = 16  # runs the model-time estimate of a just-in-time take looks back over (its median)
 
 _Results = list[list[FrameResult]]  # a run's results: per part, per frame
@@ -218,6 +220,7 @@ class Batcher:
         instrument: Instrument | None = None,
         workers: int | None = None,
         running: Callable[[], set[str]] | None = None,
+        pacing: bool = False,
     ) -> None:
         self.engine = engine
         self.running = running  # the ids of the run's streams that may still send parts
@@ -242,6 +245,10 @@ class Batcher:
         self.load = LiveLoad(time.monotonic())  # whether the live feeds are past the ceiling (decision record)
         self._over = False  # the load's state as last seen by _to_lane
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
+        self.pacing = pacing  # past the ceiling, live feeds are paced to their share (pace_for)
+        self._over_at = -float("inf")  # when the live feeds were last seen past the ceiling (monotonic)
+        self._live_seen: dict[str, float] = {}  # live stream -> when a part of it last came (monotonic)
+        self._taken_of: dict[str, list[float]] = {}  # live stream -> [frames taken, decayed (LiveLoad's tau), at]
         self._closing = False
         self._order = itertools.count()
         n = workers or engine.buffers
@@ -332,6 +339,13 @@ class Batcher:
             lane.append(item)
             now = time.monotonic()
             over = self.load.over()
+            self._live_seen[batch.stream] = now
+            if len(self._live_seen) > 256:  # feeds removed long ago: forgotten
+                for gone in [k for k, t in self._live_seen.items() if now - t > PACE_HOLD_S]:
+                    del self._live_seen[gone]
+                    self._taken_of.pop(gone, None)
+            if over:
+                self._over_at = now
             depth = 1 if over and NEWEST_PAST_CEILING else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
             if say:
@@ -362,6 +376,22 @@ class Batcher:
                 old_batch.on_drop("superseded", len(old_batch.frames))
             whole.set_result([[]])
         return outs[0]
+
+    def pace_for(self, stream: str) -> float:
+        """Past the ceiling (and for PACE_HOLD_S after), with `pacing`: the frames a second live feed `stream`
+        should send, PACE_MARGIN times the larger of its frames taken a second and the live slots' mean share;
+        else 0 (every frame). See the decision record."""
+        if not self.pacing:
+            return 0.0
+        with self._cv:
+            now = time.monotonic()
+            if now - self._over_at > PACE_HOLD_S:
+                return 0.0
+            feeds = [t for t in self._live_seen.values() if now - t <= PACE_HOLD_S]
+            slots = _decayed(self.load.slots, self.load.at, now) / OVERLOAD_TAU_S
+            mine = self._taken_of.get(stream)
+            taken = _decayed(mine[0], mine[1], now) / OVERLOAD_TAU_S if mine else 0.0
+            return PACE_MARGIN * max(taken, slots / max(1, len(feeds)))
 
     def over_ceiling(self) -> bool:
         """Whether the live feeds offer more than the runs take now (decision record)."""
@@ -522,6 +552,8 @@ class Batcher:
                 rows += n
                 progress = True
                 served.append(stream)
+                if self.pacing:
+                    self._count_taken(stream, n)
                 if rows >= self.info.batch:
                     break
         for stream in dict.fromkeys(served):
@@ -530,6 +562,16 @@ class Batcher:
         for stream in [s for s, lane in self._lanes.items() if not lane]:
             del self._lanes[stream]
         return rows
+
+    def _count_taken(self, stream: str, n: int) -> None:
+        """`n` frames of a live feed taken into a run (under _cv): its share, decayed as LiveLoad's counts."""
+        now = time.monotonic()
+        mine = self._taken_of.get(stream)
+        if mine is None:
+            self._taken_of[stream] = [float(n), now]
+        else:
+            mine[0] = _decayed(mine[0], mine[1], now) + n
+            mine[1] = now
 
     def _from_runs(self, group: list[_Work], rows: int) -> int:
         """Add the sealed runs that fit beside `group`, earliest deadline first (work that queued while every
@@ -628,6 +670,11 @@ class Batcher:
 
 def _nothing() -> None:
     pass
+
+
+def _decayed(value: float, at: float, now: float) -> float:
+    """A count decayed with LiveLoad's time constant from `at` to `now`."""
+    return value * math.exp(min(0.0, at - now) / OVERLOAD_TAU_S)
 
 
 def _whole(b: Batch, batch: int) -> bool:

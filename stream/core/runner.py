@@ -70,6 +70,7 @@ class Runner:
             cfg.batch_timeout_ms / 1000.0,
             instrument=self.instrument,
             running=self.running_ids,
+            pacing=cfg.live_pacing,
         )
         self.status = RunStatus(self.stats, info, lambda: (self.running, self.stopping.is_set()))
         self.stopping = asyncio.Event()

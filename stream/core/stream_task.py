@@ -39,6 +39,8 @@ from stream.sources.naming import Source
 log = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY_S = 0.25  # the status page's latest frame: at most this often, and only while someone looks
+PACE_STEP = 0.1  # a live feed's pace past the model's rate is handed on when it moved by more than this share
+PACE_EVERY_S = 0.25  # ... and at most this often (on and off at once)
 
 _Inflight = asyncio.Queue[tuple[Batch, asyncio.Future[list[FrameResult]], float] | BaseException | None]
 _States = asyncio.Queue[tuple[str, str | None] | None]
@@ -56,6 +58,26 @@ class _DroppingSource(BatchSource, Protocol):
     """A source that drops frames on purpose before handing out batches (detect_fps on a file): it counts them."""
 
     on_drop: Callable[[str, int], None] | None
+
+
+class _Pace:
+    """Hands a live source the batcher's pace for it (Batcher.pace_for) when it changes: on and off at once,
+    a new rate when it moved by more than PACE_STEP and PACE_EVERY_S has passed (a decode worker gets a message
+    each time)."""
+
+    def __init__(self, setter: Callable[[float], None]) -> None:
+        self.setter = setter
+        self.fps = 0.0
+        self.at = -float("inf")
+
+    def update(self, fps: float, now: float) -> None:
+        if fps == self.fps:
+            return
+        if (fps == 0.0) == (self.fps == 0.0):  # a new rate while paced: not for every wobble
+            if abs(fps - self.fps) <= PACE_STEP * self.fps or now - self.at < PACE_EVERY_S:
+                return
+        self.fps, self.at = fps, now
+        self.setter(fps)
 
 
 def _has_callbacks(bsrc: BatchSource) -> TypeGuard[_LiveSource]:
@@ -171,6 +193,8 @@ class StreamTask:
     async def _produce(self, bsrc: BatchSource, inflight: _Inflight) -> None:
         st = self.st
         take = _taker(bsrc, self._io)
+        setter = getattr(bsrc, "set_pace", None)
+        pace = _Pace(setter) if setter is not None else None
         try:
             while not self.stopping:
                 t0 = time.perf_counter()
@@ -186,6 +210,8 @@ class StreamTask:
                     st.snap_at = now
                     batch.snap_rows = (len(batch.frames) - 1,)
                 fut = self.batcher.submit(batch)
+                if batch.max_age_s is not None and pace is not None:
+                    pace.update(self.batcher.pace_for(st.id), now)
                 await inflight.put((batch, fut, time.perf_counter()))
         except asyncio.CancelledError:
             return

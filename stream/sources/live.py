@@ -63,7 +63,7 @@ from stream.errors import SourceError, first_line
 from stream.sources.colour import Colour, StreamColour
 from stream.sources.host import HostPreprocessor
 from stream.sources.naming import Source, redact, scheme_of
-from stream.sources.rate import DROP_REASON, DetectRate, detect_fps_of
+from stream.sources.rate import DROP_REASON, PACE_REASON, DetectRate, detect_fps_of
 
 if TYPE_CHECKING:
     import av
@@ -183,6 +183,8 @@ class LiveBatchSource:
         self._thread: threading.Thread | None = None
         self._index = start_index  # FrameMeta.index: counts on across reconnects (and worker restarts)
         self._rate = DetectRate(detect_fps_of(src, cfg))  # which decoded frames go on to the model
+        self._pace = DetectRate(0)  # past the model's rate: the feed's share (set_pace; 0: every frame)
+        self._pace_fps = 0.0  # asked for by set_pace, taken up by the reader at its next frame
         self._out = 0  # batches handed out by iteration and not yet released
         self._reader_left = False  # the reader thread has returned (or never started)
         self._retired = False  # the device buffers were let go (see the decision record)
@@ -479,6 +481,7 @@ class LiveBatchSource:
         last = time.monotonic()
         nvdec: NvdecDecoder | None = None
         self._rate.reset()  # a new connection: its timestamps start anew
+        self._pace.reset()
         try:
             if not container.streams.video:
                 return "the feed has no video stream", False
@@ -562,12 +565,24 @@ class LiveBatchSource:
             return
         self._put(self._dev_rows, frame, meta)
 
+    def set_pace(self, fps: float) -> None:
+        """Past the model's rate: keep at most `fps` frames a second of this feed, evenly spaced, dropping the
+        others right after decode ("overload"); 0: every frame (what detect_fps keeps). Any thread."""
+        self._pace_fps = float(fps)
+
     def _wanted(self, meta: FrameMeta) -> bool:
-        """Whether the detection rate takes this frame (by its pts, else its arrival); if not, it is counted."""
-        if self._rate.keep(meta.pts_s if meta.pts_s is not None else meta.captured_at):
-            return True
-        self._drop(DROP_REASON)
-        return False
+        """Whether the detection rate, and past the model's rate the feed's pace, take this frame (by its pts,
+        else its arrival); if not, it is counted."""
+        t = meta.pts_s if meta.pts_s is not None else meta.captured_at
+        if not self._rate.keep(t):
+            self._drop(DROP_REASON)
+            return False
+        if self._pace_fps != self._pace.fps:
+            self._pace.retune(self._pace_fps)
+        if self._pace.active and not self._pace.keep(t):
+            self._drop(PACE_REASON)
+            return False
+        return True
 
     def _put(self, rows: Any, item: Any, meta: FrameMeta) -> None:
         with self._cond:

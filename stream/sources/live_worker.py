@@ -10,7 +10,7 @@ Records to the engine (over the worker's pipe, stream/sources/live_workers.py):
     ("state", key, state, error)   ("drop", key, reason, n, frames read so far)   ("reconnect", key)
     ("removed", key): the feed's reader has ended and its rings are unmapped
 From the engine:
-    ("free", key, ring kind, slot)   ("add", FeedSpec)   ("remove", key)   ("stop",)
+    ("free", key, ring kind, slot)   ("add", FeedSpec)   ("remove", key)   ("pace", key, fps)   ("stop",)
 `key` is the engine's number for the feed in this run (FeedSpec.key), not its stream id: a stream removed and
 added again under the same id is another feed, and a late record of the old one must not reach the new one.
 
@@ -48,6 +48,7 @@ class FeedSpec:
     rings: dict[str, RingSpec]  # "host" (always) and "device" (where the NVDEC route may run)
     free: dict[str, list[int]] = field(default_factory=dict)  # per ring kind; absent: every slot
     start_index: int = 0
+    pace: float = 0.0  # past the model's rate, the feed's share in frames a second (LiveBatchSource.set_pace)
 
 
 @dataclass
@@ -122,6 +123,7 @@ class _Feed:
             on_ready=self._ready,
             start_index=spec.start_index,
         )
+        self.src.set_pace(spec.pace)
 
     def _wrap(self, rows: Any) -> SlotRows:
         kind = "device" if rows.device else "host"
@@ -231,6 +233,10 @@ class Worker:
                 feed = self.feeds.get(msg[1])
                 if feed is not None:
                     feed.free(msg[2], msg[3])
+            elif what == "pace":
+                feed = self.feeds.get(msg[1])
+                if feed is not None:
+                    feed.src.set_pace(msg[2])
             elif what == "add":
                 self.add(msg[1])
             elif what == "remove":

@@ -118,6 +118,7 @@ class RemoteFeed:
         self.state = "starting"
         self.held: dict[str, set[int]] = {k: set() for k in rings}  # slots in this process's hands
         self.next_index = 0  # frames the feed read (sent or dropped there): where `frame` goes on after a restart
+        self.pace = 0.0  # past the model's rate, the feed's share (set_pace): a new worker is given it too
         self.worker: _Proc | None = None
         self._queue: deque[tuple[str, int, FrameMeta]] = deque()
         self._wake = asyncio.Event()
@@ -153,6 +154,13 @@ class RemoteFeed:
         self.reconnects += 1
         if self.on_reconnect is not None:
             self.on_reconnect()
+
+    def set_pace(self, fps: float) -> None:
+        """Past the model's rate, the feed's share (LiveBatchSource.set_pace, in the worker that reads it)."""
+        self.pace = fps
+        w = self.worker
+        if w is not None and w.alive:
+            self.pool.send(w, ("pace", self.key, fps))
 
     def free(self, kind: str, slot: int) -> None:
         """A slot is free again (on the loop): back to the worker that reads the feed now."""
@@ -352,6 +360,7 @@ class LiveWorkers:
             {k: r.spec for k, r in feed.rings.items()},
             free={k: [s for s in range(n) if s not in feed.held[k]] for k in feed.rings},
             start_index=feed.next_index,
+            pace=feed.pace,
         )
 
     # -- processes --------------------------------------------------------------------------------------------

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["DROP_REASON", "DetectRate", "detect_fps_of"]
+__all__ = ["DROP_REASON", "PACE_REASON", "DetectRate", "detect_fps_of"]
 
 DROP_REASON = "detect_fps"
+PACE_REASON = "overload"  # past the model's rate, a frame beyond the feed's share (LiveBatchSource.set_pace)
 
 
 class DetectRate:
@@ -40,6 +41,17 @@ class DetectRate:
     @property
     def active(self) -> bool:
         return self.fps > 0
+
+    def retune(self, fps: float) -> None:
+        """Another rate from the next frame on, keeping the schedule (a frame due later than one new interval
+        after the last is due then)."""
+        if fps < 0:
+            raise ValueError(f"a frame rate must be 0 or more, got {fps}")
+        self.fps = float(fps)
+        self.interval = 1.0 / fps if fps > 0 else 0.0
+        self._slack = min(1e-3, self.interval / 10)
+        if self._due is not None and self._prev is not None:
+            self._due = min(self._due, self._prev + self.interval)
 
     def reset(self) -> None:
         """The next frame starts the schedule again (a new connection)."""

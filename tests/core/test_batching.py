@@ -858,3 +858,32 @@ def test_the_live_load_is_frames_out_of_the_lanes_against_slots_taken_over_about
     burst = LiveLoad(0.0)
     burst.add(0.0, offered=10)  # a burst superseded before any take: not a load yet
     assert not burst.over()
+
+
+def test_past_the_ceiling_pacing_gives_each_live_feed_a_little_over_its_share() -> None:
+    """With `pacing`, past the ceiling (LiveLoad) each live feed's pace is PACE_MARGIN times the larger of its
+    frames taken a second and the mean share of the live slots: four feeds at 50 frames a second against one
+    slot of 4 frames every 0.1 s (40 a second, 10 a feed) get about 13 each; one feed at 5 a second (under the
+    ceiling) gets 0 (every frame), and so does every feed without `pacing`."""
+    from stream.core.batcher import PACE_MARGIN
+
+    async def case(feeds: int, every_s: float, pacing: bool) -> list[float]:
+        drops: list[tuple[str, str, int]] = []
+        eng = GatedEngine(0, model_s=0.1, post_s=0.0)
+        b = Batcher(eng, INFO, 0.01, workers=1, pacing=pacing)
+        futs = []
+        t_end = time.monotonic() + 2.5
+        i = 0
+        while time.monotonic() < t_end:
+            futs += [b.submit(_live(f"cam{k}", 1, i, drops)) for k in range(feeds)]
+            i += 1
+            await asyncio.sleep(every_s)
+        paces = [b.pace_for(f"cam{k}") for k in range(feeds)]
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return paces
+
+    paces = asyncio.run(case(4, 0.02, True))
+    assert all(0.6 * PACE_MARGIN * 10 <= p <= 1.6 * PACE_MARGIN * 10 for p in paces), paces
+    assert asyncio.run(case(4, 0.02, False)) == [0.0] * 4
+    assert asyncio.run(case(1, 0.2, True)) == [0.0]

@@ -230,7 +230,7 @@ def run_feed(
     )
 
 
-def _check_common(o: Outcome) -> None:
+def _check_common(o: Outcome, reasons: frozenset[str] = frozenset({"no_buffer", "stale", "superseded"})) -> None:
     """What holds with any engine: the feed ended, every frame is accounted for, order, freshness, the wire."""
     st, n, dets = o.stats, o.decoded, o.detections
     dropped = dict(st.dropped)
@@ -239,7 +239,7 @@ def _check_common(o: Outcome) -> None:
     )
     assert st.state == "completed", (st.state, st.error)
     assert 0.5 * o.frames_in_file <= n <= o.frames_in_file, f"decoded {n} of the feed's {o.frames_in_file} frames"
-    assert set(dropped) <= {"no_buffer", "stale", "superseded"}, dropped
+    assert set(dropped) <= reasons, dropped
     assert o.source.dropped == dropped, f"the source counted {o.source.dropped}, the stream's stats {dropped}"
     # every frame the reader decoded is either published or dropped and counted
     assert st.frames + sum(dropped.values()) == n, (
@@ -290,6 +290,37 @@ def test_slow_inference_drops_latest_wins_and_latency_stays_bounded(
     assert published >= 4, f"latest wins still publishes: {published} frames"
     # nothing was left queued behind the feed: once it ended, the rest drained within a few slow batches
     assert o.settled_after_s is not None and o.settled_after_s < 3.0, o.settled_after_s
+
+
+def test_a_paced_feed_drops_its_excess_before_conversion(
+    feed_video: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`live_pacing` past the model's rate: the batcher's pace for the feed (Batcher.pace_for, the seam here: 10
+    frames a second of the 25 fps feed) reaches its source through the stream task, and the source keeps 10 a
+    second, evenly spaced in the feed's time; the rest are dropped right after decode as "overload" and never
+    converted (every decoded frame is converted, paced out, or dropped for want of a buffer); accounting, order,
+    freshness and the wire hold as without pacing."""
+    from stream.core.batcher import Batcher
+    from stream.sources.live import HostRows
+
+    fills: list[int] = []
+    real_fill = HostRows.fill
+
+    def fill(self: HostRows, data: Any, row: int, item: Any) -> None:
+        fills.append(row)
+        real_fill(self, data, row, item)
+
+    monkeypatch.setattr(HostRows, "fill", fill)
+    monkeypatch.setattr(Batcher, "pace_for", lambda self, stream: 10.0)
+    video, n = feed_video
+    o = run_feed(video, n, 0.0, monkeypatch, {"live_pacing": True, "max_staleness_ms": 5000})
+    _check_common(o, frozenset({"no_buffer", "stale", "superseded", "overload"}))
+    dropped, decoded = dict(o.stats.dropped), o.decoded
+    paced = dropped.get("overload", 0)
+    assert abs((decoded - paced) - decoded * 10 / FPS) <= 3, f"kept {decoded - paced} of {decoded}: {dropped}"
+    assert len(fills) == decoded - paced - dropped.get("no_buffer", 0), (len(fills), dropped)
+    pts = [m["pts_s"] for m in o.detections]
+    assert all(0.1 - 0.041 <= b - a <= 0.1 + 0.041 for a, b in zip(pts[1:], pts[2:])), pts
 
 
 def test_engine_that_keeps_up_drops_nothing(feed_video: tuple[Path, int], monkeypatch: pytest.MonkeyPatch) -> None:

@@ -265,6 +265,47 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
 
 
 @needs_rtsp
+def test_a_decode_worker_paces_its_feed_as_the_batcher_says(server: RtspServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`live_pacing` with decode processes: the batcher's pace for the feed (Batcher.pace_for, the seam: 10 frames
+    a second of the 30 fps pattern) goes to the worker that reads it, which keeps 10 a second, evenly spaced, and
+    drops the rest right after decode as "overload", counted in the engine process (read = frames + dropped)."""
+    from stream.core.batcher import Batcher
+    from stream.core.build import build_run
+
+    monkeypatch.setattr(Batcher, "pace_for", lambda self, stream: 10.0)
+    cfg = config.load(
+        None,
+        {
+            "sources": [f"cam={server.url()}"],
+            "live_workers": 1,
+            "live_pacing": True,
+            "max_staleness_ms": 5000,
+            "progress": "off",
+            "device": "cpu",
+        },
+    )
+    sink = _Sink()
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        run = await build_run(cfg, sink=sink, keep_running=True)
+        async with run:
+            task = asyncio.create_task(run.runner.run())
+            await _until(lambda: len(sink.frames("cam")) >= 25, 90, "25 live frames")
+            out["dropped"] = dict(run.runner.stats["cam"].dropped)
+            run.runner.stop()
+            await task
+
+    asyncio.run(main())
+    pts = [m["pts_s"] for m in sink.of("cam", "detections")]
+    gaps = [b - a for a, b in zip(pts[1:], pts[2:])]
+    assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.034), gaps
+    assert out["dropped"].get("overload", 0) >= 20, out["dropped"]
+    eos = sink.of("cam")[-1]
+    assert eos["type"] == "eos" and eos["read"] == eos["frames"] + eos["dropped"], eos
+
+
+@needs_rtsp
 def test_sigterm_with_decode_workers_mid_frame(server: RtspServer, tmp_path: Path) -> None:
     """Three feeds over two decode processes, SIGTERM while frames flow: every feed's eos, a prompt exit, no
     decode process and no shared-memory ring left behind."""
