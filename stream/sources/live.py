@@ -9,6 +9,9 @@ Decision record:
                  batcher, would be by the time an inference run of it is done);
     "superseded" (counted by the batcher) newer frames of the feed reached the batcher while it waited for
                  an inference run: past the engine's ceiling each feed keeps its newest frames there;
+    "overload"   with `live_pacing`, past the engine's ceiling: the frame is beyond the feed's pace (its share
+                 of the runs, a little over it, Batcher.pace_for, handed over by set_pace): dropped right after
+                 decode like "detect_fps" below;
     "detect_fps" the feed's detection rate (`detect_fps`, stream/sources/rate.py) skips the frame: it is
                  decoded and dropped at once, before colour conversion and any buffer, on both routes.
 - A partial batch is handed out as soon as the pipeline asks for one: waiting for a fuller batch happens in
