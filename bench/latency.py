@@ -17,8 +17,8 @@ Feeds (--modes; `auto` takes rtsp where it can run, else paced):
   server can run (the GPU host has no GStreamer) and for 1080p feeds.
 
 A/B within one run: --live-workers V1 V2 (threads against decode processes) and --lanes newest fifo (lanes
-that past the ceiling keep a feed's newest frame only, the batcher's NEWEST_PAST_CEILING, off in the daemon,
-against the daemon's lanes of two frames, first in first out) start one daemon per value, each running every
+of decode workers' feeds that past the ceiling keep the newest frame only, the batcher's NEWEST_PAST_CEILING,
+on in the daemon, against lanes of two frames, first in first out) start one daemon per value, each running every
 point; so does --vary KEY=V1,V2,... for any config key (e.g. --vary take_ahead_ms=0,6).
 
 Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
@@ -984,8 +984,9 @@ def main() -> None:
         nargs="+",
         default=None,
         choices=["newest", "fifo"],
-        help="A/B: one daemon per value: newest (past the ceiling a feed's lane keeps its newest frame only: the "
-        "batcher's NEWEST_PAST_CEILING, off in the daemon) or fifo (two frames, first in first out: the daemon's)",
+        help="A/B: one daemon per value: newest (past the ceiling the lane of a feed read by a decode worker keeps "
+        "its newest frame only: the batcher's NEWEST_PAST_CEILING, the daemon's) or fifo (two frames, first in "
+        "first out)",
     )
     ap.add_argument(
         "--vary",

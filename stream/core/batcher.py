@@ -34,19 +34,25 @@ Decision record:
   do not depend on the lane depth; counted as they leave, not as they come in, no start-up lag reads as a load.
   Under the ceiling every frame is taken and a take has room for what it takes, so the frames are at most the
   slots.
-- Not on by default: a lane of one frame past the ceiling (NEWEST_PAST_CEILING; bench/latency.py --lanes newest
-  fifo A/Bs it in one run). The idea: past the ceiling a feed's turns come less often than its frames, so at its
-  turn its lane holds two, the worker takes the older (first in, first out) and the newer is superseded before
-  the next turn: every frame run is a frame interval (33 ms at 30 fps) staler than the newest there was. On the
-  CPU (bench/RESULTS.md, 8 RTSP feeds, 2 cores) it did not pay: across runs of the code before and after it
-  looked 3-17 ms younger at p50, but side by side in one run (three pairs) the daemon with it published 92.6-99.9
-  fps against 103.1-114.0 without, its runs slower (78-83 ms take to results against 68-75), at no clear
-  latency gain. A feed read by threads hands the batcher parts of several frames, and a lane of one drops a
-  whole older part for a newer one. On a GPU with decode processes (one frame a part) it may still pay: on an
-  H100 before it (gate 2, MPS, 32 feeds) frames were about 40 ms old at the take, publish p50 86 ms, p99
-  125-174 ms. Measure there before turning it on. Forms of the signal not kept: each feed's share of frames
+- A lane of one frame past the ceiling, for feeds read by decode workers (NEWEST_PAST_CEILING, on; a part of
+  such a feed is one frame: Batch.newest_past_ceiling). Past the ceiling a feed's turns come less often than
+  its frames, so at its turn a lane of two holds two, the worker takes the older (first in, first out) and the
+  newer is superseded before the next turn: every frame run is a frame interval (33 ms at 30 fps) staler than
+  the newest there was. Measured on an H100 (bench/RESULTS.md, MPS, decode processes, side by side in one run):
+  32 feeds 434.5 against 435.5 fps, p99 103.9 against 119.6 ms, spread +-6.1% against +-3.6%; 24 feeds 441.1
+  against 436.5 fps, p99 104.1 against 117.1 ms, spread +-16.3% against +-4.5% (one run each). Feeds read by
+  threads keep two: on the CPU (8 RTSP feeds, 2 cores, three pairs) a lane of one published 3-18% fewer frames
+  at no clear latency gain, since a feed read by threads hands the batcher parts of several frames and a lane
+  of one drops a whole older part for a newer one. Forms of the signal not kept: each feed's share of frames
   dropped (once depth 1 was on its own drops kept it on: 66 of 1,216 frames lost at 4 feeds under the
   ceiling); ratio 1.05 (on at 4 feeds on a loaded run).
+- Pacing (`pacing`, the `live_pacing` key; off): past the ceiling `pace_for` gives each live feed PACE_MARGIN
+  times the larger of its frames taken a second and the mean share of the live slots, and the feed's source
+  drops what is beyond it right after decode, before conversion ("overload"). Side by side on the CPU (8 RTSP
+  feeds, threads) it published sooner in every pair (p99 26-39 ms lower) but 14% fewer frames in one of three;
+  on an H100 (32 feeds, decode processes, MPS) the same rate and p99 (433.5 against 432.9 fps, 119.4 against
+  119.7 ms) but feeds shared unevenly, +-40.3% against +-4.8%: a feed taken more is paced higher, offers more
+  and is taken more. Off until the pace is made fair (the mean share alone, say).
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
@@ -95,7 +101,10 @@ Decision record:
   run counts as on the device from its take, under the lock, so no two takes can both see the device free),
   then chooses its frames: the GPU has the next run before it idles, and the frames are
   chosen about a run later than with the gate alone. A run that ends sooner wakes the wait; before the first
-  model time is known, and with nothing on the device, a take goes at once. Off unless set (measure first).
+  model time is known, and with nothing on the device, a take goes at once. Off by default: on an H100 (MPS,
+  decode processes, side by side in one run) `take_ahead_ms = 6` published frames sooner (p99 104.0 against
+  118.4 ms at 24 feeds, 104.3 against 121.3 at 32; take to results 30 ms against 46-48) but fewer of them
+  (420.4 against 436.5 fps, 420.1 against 430.8: 52.8 runs a second against 53.9-54.6).
 - Everything here runs on the event loop except the take, the stacking and the inference: `buffers` worker
   threads share the heap and the lanes under one condition variable.
 """
@@ -127,7 +136,9 @@ OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run
 OVERLOAD_RATIO = 1.15  # past the ceiling: live frames out of the lanes over the slots the takes had, at least
 OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
 OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
-NEWEST_PAST_CEILING = False  # past the ceiling a lane keeps 1 frame: off until measured on a GPU (decision record)
+NEWEST_PAST_CEILING = (
+    True  # past the ceiling a lane of one-frame parts (decode workers) keeps 1 frame (decision record)
+)
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
@@ -346,7 +357,7 @@ class Batcher:
                     self._taken_of.pop(gone, None)
             if over:
                 self._over_at = now
-            depth = 1 if over and NEWEST_PAST_CEILING else LIVE_DEPTH
+            depth = 1 if over and NEWEST_PAST_CEILING and batch.newest_past_ceiling else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
             if say:
                 self._over_logged = now

@@ -46,6 +46,9 @@ class Batch:
     on_drop: Callable[[str, int], None] | None = None
     # called by an engine once the model has run on data (before post-processing): the batcher's gate
     inferred: Callable[[], None] | None = None
+    # live feeds whose parts are one frame each (read by decode workers): past the ceiling their lane keeps only
+    # the newest frame (the batcher's NEWEST_PAST_CEILING)
+    newest_past_ceiling: bool = False
 
     def done(self) -> None:
         if self.release is not None:

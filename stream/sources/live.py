@@ -41,7 +41,10 @@ Decision record:
   handed out is back, the source lets go of its buffers and frees the stream's cached blocks
   (DeviceRows.retire, on a thread of its own: freeing synchronises the device). Without it every live feed
   removed from a daemon reading feeds with threads left about 92 MB behind on an H100 (three 1080p batches of
-  8 at 800x800 fp16). In a decode worker process the slots are the engine's rings and the process ends with
+  8 at 800x800 fp16). The batch buffers themselves are allocations of their own (cudaMalloc, outside the pool),
+  freed whenever their last reference goes: a consumer may hold the last batch handed out past the retire (the
+  source's iterator does until it is resumed or dropped), and from the pool it came back cached on the retired
+  stream, one batch per feed lost (the GPU test, on an H100). In a decode worker process the slots are the engine's rings and the process ends with
   the feed's group, so there it is not done.
 """
 

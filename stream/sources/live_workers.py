@@ -225,6 +225,7 @@ class RemoteFeed:
             release=lambda: self._release_from_thread(slots),
             max_age_s=self._max_age,
             on_drop=self._drop_from_thread,
+            newest_past_ceiling=True,
         )
 
     def _drop_from_thread(self, reason: str, n: int) -> None:

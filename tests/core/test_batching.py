@@ -783,21 +783,27 @@ def test_a_just_in_time_take_goes_at_once_when_the_run_ahead_ends_early() -> Non
     assert gaps[0] < 0.3, gaps
 
 
-@pytest.mark.parametrize("newest", [True, False])
+@pytest.mark.parametrize(("newest", "one_frame_parts"), [(True, True), (False, True), (True, False)])
 def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, newest: bool
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, newest: bool, one_frame_parts: bool
 ) -> None:
     """Once the live frames out of the lanes (at least OVERLOAD_MIN_FRAMES) are OVERLOAD_RATIO times the slots the
     takes had for them or more, the batcher is past the ceiling: it logs a warning once, and with
-    NEWEST_PAST_CEILING (off by default: the decision record) a lane keeps one frame, so that a feed's turn runs
-    its newest. Here the one slot is busy with a file run (no slots for live frames) while a feed sends twenty
-    frames: two deep, the last two run; one deep, the first sixteen go two deep, then one, and only the last runs.
-    A burst of five is not a load (the test above)."""
+    NEWEST_PAST_CEILING (on by default: the decision record) a lane of a feed whose parts are one frame each
+    (Batch.newest_past_ceiling: read by a decode worker) keeps one frame, so that a feed's turn runs its newest;
+    a feed read by threads (parts of several frames) keeps two. Here the one slot is busy with a file run (no
+    slots for live frames) while a feed sends twenty frames: two deep, the last two run; one deep, the first
+    sixteen go two deep, then one, and only the last runs. A burst of five is not a load (the test above)."""
     import stream.core.batcher as batcher
     from stream.core.batcher import LIVE_DEPTH, OVERLOAD_MIN_FRAMES
 
-    assert batcher.NEWEST_PAST_CEILING is False
+    assert batcher.NEWEST_PAST_CEILING is True
     monkeypatch.setattr(batcher, "NEWEST_PAST_CEILING", newest)
+
+    def part(i: int) -> Batch:
+        b = _live("cam", 1, i, drops)
+        b.newest_past_ceiling = one_frame_parts
+        return b
 
     gate = threading.Event()
     drops: list[tuple[str, str, int]] = []
@@ -807,7 +813,7 @@ def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
         b = Batcher(eng, INFO, 0.05, workers=1)
         busy = b.submit(_make_part("busy", 4, 0, 0.0, None))
         await asyncio.sleep(0.1)
-        futs = [b.submit(_live("cam", 1, i, drops)) for i in range(20)]
+        futs = [b.submit(part(i)) for i in range(20)]
         await asyncio.sleep(0)
         over = b.over_ceiling()
         gate.set()
@@ -818,7 +824,7 @@ def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
     res, eng, b, over = asyncio.run(case())
     assert LIVE_DEPTH == 2 and OVERLOAD_MIN_FRAMES <= 17
     assert over
-    if newest:
+    if newest and one_frame_parts:
         assert [[r.meta.index for r in rs] for rs in res] == [[]] * 19 + [[19]]
         assert eng.batches[1][:2] == ("cam", [19])
         assert drops == [("cam", "superseded", 1)] * 19 and b.superseded == 19

@@ -265,7 +265,9 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
 
 
 @needs_rtsp
-def test_a_decode_worker_paces_its_feed_as_the_batcher_says(server: RtspServer, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_decode_worker_paces_its_feed_as_the_batcher_says(
+    server: RtspServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """`live_pacing` with decode processes: the batcher's pace for the feed (Batcher.pace_for, the seam: 10 frames
     a second of the 30 fps pattern) goes to the worker that reads it, which keeps 10 a second, evenly spaced, and
     drops the rest right after decode as "overload", counted in the engine process (read = frames + dropped)."""

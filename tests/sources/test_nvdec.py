@@ -478,6 +478,8 @@ def fake_cupy() -> Any:
         Event=_Ctx,
         runtime=_Ns(getDeviceCount=lambda: 1, getDevice=lambda: 0, free=lambda p: None),
         driver=_Ns(ctxGetCurrent=lambda: 777),
+        Memory=bytearray,  # an allocation of its own: ndarray(shape, dtype, MemoryPointer(mem, 0)) is numpy's buffer
+        MemoryPointer=lambda mem, offset: memoryview(mem)[offset:],
     )
     return m
 
