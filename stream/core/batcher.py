@@ -46,13 +46,15 @@ Decision record:
   of one drops a whole older part for a newer one. Forms of the signal not kept: each feed's share of frames
   dropped (once depth 1 was on its own drops kept it on: 66 of 1,216 frames lost at 4 feeds under the
   ceiling); ratio 1.05 (on at 4 feeds on a loaded run).
-- Pacing (`pacing`, the `live_pacing` key; off): past the ceiling `pace_for` gives each live feed PACE_MARGIN
-  times the larger of its frames taken a second and the mean share of the live slots, and the feed's source
-  drops what is beyond it right after decode, before conversion ("overload"). Side by side on the CPU (8 RTSP
-  feeds, threads) it published sooner in every pair (p99 26-39 ms lower) but 14% fewer frames in one of three;
-  on an H100 (32 feeds, decode processes, MPS) the same rate and p99 (433.5 against 432.9 fps, 119.4 against
-  119.7 ms) but feeds shared unevenly, +-40.3% against +-4.8%: a feed taken more is paced higher, offers more
-  and is taken more. Off until the pace is made fair (the mean share alone, say).
+- Pacing (`pacing`, the `live_pacing` key; off): past the ceiling `pace_for` gives every live feed the same
+  pace, PACE_MARGIN times the fair share of the live slots (`fair_share`: water-filling over the frames that
+  came to each lane, so a feed that sends fewer keeps them and the others share the rest), and the feed's
+  source drops what is beyond it right after decode, before conversion ("overload"). Measured first with each
+  feed's pace following its own frames taken: side by side on the CPU (8 RTSP feeds, threads) it published
+  sooner in every pair (p99 26-39 ms lower) but 14% fewer frames in one of three; on an H100 (32 feeds, decode
+  processes, MPS) the same rate and p99 (433.5 against 432.9 fps, 119.4 against 119.7 ms) but feeds shared
+  unevenly, +-40.3% against +-4.8%: a feed taken more was paced higher, offered more and was taken more. Hence
+  one pace for all; off until that is measured on a GPU.
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
@@ -258,8 +260,8 @@ class Batcher:
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
         self.pacing = pacing  # past the ceiling, live feeds are paced to their share (pace_for)
         self._over_at = -float("inf")  # when the live feeds were last seen past the ceiling (monotonic)
-        self._live_seen: dict[str, float] = {}  # live stream -> when a part of it last came (monotonic)
-        self._taken_of: dict[str, list[float]] = {}  # live stream -> [frames taken, decayed (LiveLoad's tau), at]
+        # live stream -> [frames that came to its lane, decayed with LiveLoad's tau, when last counted (monotonic)]
+        self._came: dict[str, list[float]] = {}
         self._closing = False
         self._order = itertools.count()
         n = workers or engine.buffers
@@ -350,11 +352,13 @@ class Batcher:
             lane.append(item)
             now = time.monotonic()
             over = self.load.over()
-            self._live_seen[batch.stream] = now
-            if len(self._live_seen) > 256:  # feeds removed long ago: forgotten
-                for gone in [k for k, t in self._live_seen.items() if now - t > PACE_HOLD_S]:
-                    del self._live_seen[gone]
-                    self._taken_of.pop(gone, None)
+            if self.pacing:
+                came = self._came.setdefault(batch.stream, [0.0, now])
+                came[0] = _decayed(came[0], came[1], now) + len(batch.frames)
+                came[1] = now
+                if len(self._came) > 256:  # feeds removed long ago: forgotten
+                    for gone in [k for k, (_, t) in self._came.items() if now - t > PACE_HOLD_S]:
+                        del self._came[gone]
             if over:
                 self._over_at = now
             depth = 1 if over and NEWEST_PAST_CEILING and batch.newest_past_ceiling else LIVE_DEPTH
@@ -389,20 +393,21 @@ class Batcher:
         return outs[0]
 
     def pace_for(self, stream: str) -> float:
-        """Past the ceiling (and for PACE_HOLD_S after), with `pacing`: the frames a second live feed `stream`
-        should send, PACE_MARGIN times the larger of its frames taken a second and the live slots' mean share;
-        else 0 (every frame). See the decision record."""
+        """Past the ceiling (and for PACE_HOLD_S after), with `pacing`: the frames a second a live feed should send,
+        the same for every feed: PACE_MARGIN times the fair share of the live slots (water-filling: a feed that
+        sends fewer than the share keeps what it sends, the others share the rest equally); else 0 (every
+        frame). See the decision record."""
         if not self.pacing:
             return 0.0
         with self._cv:
             now = time.monotonic()
             if now - self._over_at > PACE_HOLD_S:
                 return 0.0
-            feeds = [t for t in self._live_seen.values() if now - t <= PACE_HOLD_S]
-            slots = _decayed(self.load.slots, self.load.at, now) / OVERLOAD_TAU_S
-            mine = self._taken_of.get(stream)
-            taken = _decayed(mine[0], mine[1], now) / OVERLOAD_TAU_S if mine else 0.0
-            return PACE_MARGIN * max(taken, slots / max(1, len(feeds)))
+            rates = sorted(
+                _decayed(n, t, now) / OVERLOAD_TAU_S for n, t in self._came.values() if now - t <= PACE_HOLD_S
+            )
+            room = _decayed(self.load.slots, self.load.at, now) / OVERLOAD_TAU_S
+            return PACE_MARGIN * fair_share(rates, room)
 
     def over_ceiling(self) -> bool:
         """Whether the live feeds offer more than the runs take now (decision record)."""
@@ -563,8 +568,6 @@ class Batcher:
                 rows += n
                 progress = True
                 served.append(stream)
-                if self.pacing:
-                    self._count_taken(stream, n)
                 if rows >= self.info.batch:
                     break
         for stream in dict.fromkeys(served):
@@ -573,16 +576,6 @@ class Batcher:
         for stream in [s for s, lane in self._lanes.items() if not lane]:
             del self._lanes[stream]
         return rows
-
-    def _count_taken(self, stream: str, n: int) -> None:
-        """`n` frames of a live feed taken into a run (under _cv): its share, decayed as LiveLoad's counts."""
-        now = time.monotonic()
-        mine = self._taken_of.get(stream)
-        if mine is None:
-            self._taken_of[stream] = [float(n), now]
-        else:
-            mine[0] = _decayed(mine[0], mine[1], now) + n
-            mine[1] = now
 
     def _from_runs(self, group: list[_Work], rows: int) -> int:
         """Add the sealed runs that fit beside `group`, earliest deadline first (work that queued while every
@@ -681,6 +674,18 @@ class Batcher:
 
 def _nothing() -> None:
     pass
+
+
+def fair_share(rates: list[float], room: float) -> float:
+    """The water level of `room` shared among senders of these rates (ascending): a sender under it keeps its
+    rate, the others get the level each. With room for every rate, the largest rate."""
+    left = room
+    for i, r in enumerate(rates):
+        level = left / (len(rates) - i)
+        if r >= level:
+            return level
+        left -= r
+    return rates[-1] if rates else room
 
 
 def _decayed(value: float, at: float, now: float) -> float:

@@ -866,30 +866,46 @@ def test_the_live_load_is_frames_out_of_the_lanes_against_slots_taken_over_about
     assert not burst.over()
 
 
-def test_past_the_ceiling_pacing_gives_each_live_feed_a_little_over_its_share() -> None:
-    """With `pacing`, past the ceiling (LiveLoad) each live feed's pace is PACE_MARGIN times the larger of its
-    frames taken a second and the mean share of the live slots: four feeds at 50 frames a second against one
-    slot of 4 frames every 0.1 s (40 a second, 10 a feed) get about 13 each; one feed at 5 a second (under the
+def test_fair_share_is_the_water_level() -> None:
+    """A sender under the level keeps its rate; the others share the rest equally; room for all: the largest."""
+    from stream.core.batcher import fair_share
+
+    assert fair_share([10.0, 10.0, 10.0, 10.0], 20.0) == 5.0
+    assert fair_share([2.0, 30.0, 30.0], 20.0) == 9.0
+    assert fair_share([2.0, 3.0], 20.0) == 3.0
+    assert fair_share([], 20.0) == 20.0
+
+
+def test_past_the_ceiling_pacing_gives_every_live_feed_a_little_over_the_fair_share() -> None:
+    """With `pacing`, past the ceiling (LiveLoad) every live feed gets the same pace, PACE_MARGIN times the fair
+    share of the live slots: four feeds at 50 frames a second against one slot of 4 frames every 0.1 s (40 a
+    second) get about 1.3 x 10 each; with one of them at 5 a second, the other three share the rest (about 1.3 x
+    11.7) and the slow one gets the same pace (it sends fewer anyway). One feed at 5 a second (under the
     ceiling) gets 0 (every frame), and so does every feed without `pacing`."""
     from stream.core.batcher import PACE_MARGIN
 
-    async def case(feeds: int, every_s: float, pacing: bool) -> list[float]:
+    async def case(every_s: list[float], pacing: bool) -> list[float]:
         drops: list[tuple[str, str, int]] = []
         eng = GatedEngine(0, model_s=0.1, post_s=0.0)
         b = Batcher(eng, INFO, 0.01, workers=1, pacing=pacing)
         futs = []
-        t_end = time.monotonic() + 2.5
-        i = 0
-        while time.monotonic() < t_end:
-            futs += [b.submit(_live(f"cam{k}", 1, i, drops)) for k in range(feeds)]
-            i += 1
-            await asyncio.sleep(every_s)
-        paces = [b.pace_for(f"cam{k}") for k in range(feeds)]
+        t0 = time.monotonic()
+        sent = [0] * len(every_s)
+        while (t := time.monotonic() - t0) < 2.5:
+            for k, e in enumerate(every_s):
+                while sent[k] * e <= t:
+                    futs.append(b.submit(_live(f"cam{k}", 1, sent[k], drops)))
+                    sent[k] += 1
+            await asyncio.sleep(0.01)
+        paces = [b.pace_for(f"cam{k}") for k in range(len(every_s))]
         await asyncio.gather(*futs)
         await asyncio.to_thread(b.close)
         return paces
 
-    paces = asyncio.run(case(4, 0.02, True))
-    assert all(0.6 * PACE_MARGIN * 10 <= p <= 1.6 * PACE_MARGIN * 10 for p in paces), paces
-    assert asyncio.run(case(4, 0.02, False)) == [0.0] * 4
-    assert asyncio.run(case(1, 0.2, True)) == [0.0]
+    paces = asyncio.run(case([0.02] * 4, True))
+    assert max(paces) - min(paces) < 0.01 * max(paces), paces  # one pace (read a moment apart)
+    assert 0.6 * PACE_MARGIN * 10 <= paces[0] <= 1.6 * PACE_MARGIN * 10, paces
+    mixed = asyncio.run(case([0.02, 0.02, 0.02, 0.2], True))
+    assert max(mixed) - min(mixed) < 0.01 * max(mixed) and mixed[0] > paces[0], (mixed, paces)
+    assert asyncio.run(case([0.02] * 4, False)) == [0.0] * 4
+    assert asyncio.run(case([0.2], True)) == [0.0]
