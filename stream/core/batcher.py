@@ -273,7 +273,7 @@ class Batcher:
         # this long before the earliest run on the device is expected to end (decision record)
         ahead = getattr(engine, "take_ahead_s", None) if self._gate is not None else None
         self._ahead: float | None = float(ahead) if ahead else None
-        self._in_model: dict[int, float] = {}  # runs taken whose model is not done: order -> take (monotonic)
+        self._in_model: dict[int, float] = {}  # with _ahead, runs taken whose model is not done: order -> take
         self.model_time = ModelTime()
         self._workers = [threading.Thread(target=self._worker, name=f"infer-{i}", daemon=True) for i in range(n)]
         for t in self._workers:
@@ -441,17 +441,20 @@ class Batcher:
                 files = sum(len(b.frames) for b in parts) - live
                 taken = time.monotonic()
                 self.load.add(taken, offered=live, slots=max(0, self.info.batch - files))
-                token = next(self._order)
-                self._in_model[token] = taken  # on the device from now on, as far as the next take knows (_turn_s)
+                token = next(self._order) if self._ahead is not None else None
+                if token is not None:  # on the device from now on, as far as the next take knows (_turn_s)
+                    self._in_model[token] = taken
 
-            def off_device(token: int = token, taken: float = taken, opened: Callable[[], None] = opened) -> None:
+            def off_device(
+                token: int | None = token, taken: float = taken, opened: Callable[[], None] = opened
+            ) -> None:
                 self._model_ended(token, taken, measured=True)
                 opened()
 
             if len(group) > 1:
                 self.coalesced += len(group) - 1
             try:
-                res = self._work(parts, off_device)
+                res = self._work(parts, off_device if token is not None else opened)
             except BaseException as exc:  # handed to the streams whose batches these were
                 for _, _, _, fut, loop in group:
                     _resolve(loop, fut, exc)
@@ -490,9 +493,12 @@ class Batcher:
             return 0.0
         return max(0.0, min(self._in_model.values()) + typical - self._ahead - time.monotonic())
 
-    def _model_ended(self, token: int, taken: float, measured: bool) -> None:
+    def _model_ended(self, token: int | None, taken: float, measured: bool) -> None:
         """A run's model is off the device (`measured`: the engine said so, Batch.inferred; else the run ended
-        without saying so, and its time is not counted)."""
+        without saying so, and its time is not counted). Runs are tracked with `take_ahead_s` only (token None:
+        nothing to do, no lock taken on the way)."""
+        if token is None:
+            return
         with self._cv:
             if self._in_model.pop(token, None) is None:
                 return
