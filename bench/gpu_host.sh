@@ -148,7 +148,8 @@ mps() {
   # The daemon is this bench's own: private pipe and log folders (only processes given them use it), quit
   # at the end; the GPU's compute mode and other settings are left as they are. MPS_FEEDS, MPS_WORKERS: the
   # points; MPS_SET=KEY=VALUE: a config override for every point (outputs named mps-KEY-VALUE-*); MPS_48=0:
-  # without the 48-feed point; MPS_ARGS: more arguments to bench/latency.py (e.g. "--lanes newest fifo").
+  # without the 48-feed point; MPS_ARGS: more arguments to bench/latency.py (e.g. "--lanes newest fifo"); MPS_48_ARGS:
+  # the same for the 48-feed point (e.g. "--vary take_ahead_ms=0,6").
   command -v nvidia-cuda-mps-control > /dev/null || { echo "nvidia-cuda-mps-control: not on this host" | tee "$OUT/mps.txt"; return 1; }
   need "device 8 fp16"
   local tag="" set=()
@@ -163,7 +164,7 @@ mps() {
   if [ "${MPS_48:-1}" = 1 ]; then
     timeout 180 python3 bench/latency.py --device cuda --model "$MODELS/r50_head_fp16.onnx" --video "$VIDEO" \
       --modes paced --feeds 48 --seconds 8 --warmup 3 --live-workers auto --set detect_fps=8 "${set[@]}" \
-      --json "$OUT/mps$tag-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-48-cuda.txt"
+      ${MPS_48_ARGS:-} --json "$OUT/mps$tag-48-cuda.json" 2>&1 | grep -v "W:onnx" > "$OUT/mps$tag-48-cuda.txt"
     grep -E "^\| paced" "$OUT/mps$tag-48-cuda.txt"
   fi
   echo get_server_list | nvidia-cuda-mps-control > "$OUT/mps-servers.txt" 2>&1

@@ -208,7 +208,8 @@ async def serve(spec: dict[str, Any]) -> None:
     if spec.get("lanes") is not None:  # BENCH ONLY (--lanes): past the ceiling, lanes of 1 frame (newest) or 2 (fifo)
         import stream.core.batcher
 
-        stream.core.batcher.NEWEST_PAST_CEILING = spec["lanes"] == "newest"
+        stream.core.batcher.NEWEST_PAST_CEILING = spec["lanes"] != "fifo"
+        stream.core.batcher.SERVED_ORDER = spec["lanes"] != "newest-rejoin"
     info = load_info(cfg.model or default_model_path())
     engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     metrics = Metrics()
@@ -983,10 +984,11 @@ def main() -> None:
         "--lanes",
         nargs="+",
         default=None,
-        choices=["newest", "fifo"],
+        choices=["newest", "fifo", "newest-rejoin"],
         help="A/B: one daemon per value: newest (past the ceiling the lane of a feed read by a decode worker keeps "
-        "its newest frame only: the batcher's NEWEST_PAST_CEILING, the daemon's) or fifo (two frames, first in "
-        "first out)",
+        "its newest frame only: the batcher's NEWEST_PAST_CEILING, the daemon's), fifo (two frames, first in "
+        "first out) or newest-rejoin (newest, but a lane a take emptied joins the round-robin order again only "
+        "when its feed's next frame comes, not where it was served: SERVED_ORDER off, the daemon before it)",
     )
     ap.add_argument(
         "--vary",

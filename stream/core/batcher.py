@@ -141,6 +141,8 @@ OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
 NEWEST_PAST_CEILING = (
     True  # past the ceiling a lane of one-frame parts (decode workers) keeps 1 frame (decision record)
 )
+SERVED_ORDER = True  # the lanes' order is the order feeds were served in, emptied lanes too (decision record)
+LANE_FORGET_S = 5.0  # ... an empty lane whose feed sent nothing for this long is forgotten (removed, or rare)
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
 RUN_TIME_WINDOW = 16  # runs the take-to-results estimate looks back over (its maximum: see RunTime)
 LEAD_CAP = 0.5  # the estimate counts for at most this share of a live frame's budget
@@ -255,6 +257,7 @@ class Batcher:
         self._cv = threading.Condition()
         self._runs: list[_Work] = []
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
+        self._fed_at: dict[str, float] = {}  # live stream -> when a part last came to its lane (monotonic)
         self.load = LiveLoad(time.monotonic())  # whether the live feeds are past the ceiling (decision record)
         self._over = False  # the load's state as last seen by _to_lane
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
@@ -351,6 +354,7 @@ class Batcher:
                 lane = self._lanes[batch.stream] = collections.deque()
             lane.append(item)
             now = time.monotonic()
+            self._fed_at[batch.stream] = now
             over = self.load.over()
             if self.pacing:
                 came = self._came.setdefault(batch.stream, [0.0, now])
@@ -577,10 +581,14 @@ class Batcher:
                 if rows >= self.info.batch:
                     break
         for stream in dict.fromkeys(served):
-            if self._lanes[stream]:
+            if SERVED_ORDER or self._lanes[stream]:
                 self._lanes.move_to_end(stream)
+        now = time.monotonic()
         for stream in [s for s, lane in self._lanes.items() if not lane]:
-            del self._lanes[stream]
+            # an emptied lane keeps its place in the order while its feed sends (see the decision record)
+            if not SERVED_ORDER or now - self._fed_at.get(stream, -math.inf) > LANE_FORGET_S:
+                del self._lanes[stream]
+                self._fed_at.pop(stream, None)
         return rows
 
     def _from_runs(self, group: list[_Work], rows: int) -> int:

@@ -577,6 +577,75 @@ def test_live_feeds_share_each_run_round_robin() -> None:
     assert all(len(r) == 4 for r in runs) and drops == []
 
 
+class SteppedEngine(RecordingEngine):
+    """A RecordingEngine whose every run says it started and then waits for a step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started, self.step = threading.Semaphore(0), threading.Semaphore(0)
+
+    def infer(self, batch: Batch) -> list[FrameResult]:
+        self.started.release()
+        self.step.acquire(timeout=5)
+        return super().infer(batch)
+
+
+@pytest.mark.parametrize("served_order", [True, False])
+def test_round_robin_is_the_order_feeds_were_served_in_also_for_lanes_a_take_emptied(
+    served_order: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Feeds a-d are served in one run and e-h in the next; then e-h's next frames come first and a-d's after:
+    the third run is a-d's (served longest ago). When a lane a take had emptied joined the order again only as
+    its feed's next frame came (SERVED_ORDER off, the batcher before), e-h went again, ahead of a-d: with lanes
+    of one frame past the ceiling every lane is emptied at its turn, so a feed whose frames happened to come
+    soon after its turns was served more often than the rest."""
+    import stream.core.batcher as batcher
+
+    monkeypatch.setattr(batcher, "SERVED_ORDER", served_order)
+    drops: list[tuple[str, str, int]] = []
+
+    async def case() -> list[str]:
+        eng = SteppedEngine()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = [b.submit(_make_part("busy", 4, 0, 0.0, None))]
+        await asyncio.to_thread(eng.started.acquire, True, 5)
+        futs += [b.submit(_live(s, 1, 0, drops)) for s in "abcdefgh"]
+        for _ in range(2):  # the busy run ends: a-d are taken; a-d end: e-h are taken
+            eng.step.release()
+            assert await asyncio.to_thread(eng.started.acquire, True, 5)
+        futs += [b.submit(_live(s, 1, 1, drops)) for s in "efghabcd"]
+        for _ in range(3):
+            eng.step.release()
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return [name for name, _, _ in eng.batches]
+
+    runs = asyncio.run(case())
+    assert runs[:3] == ["busy", "a+b+c+d", "e+f+g+h"] and drops == []
+    assert runs[3:] == (["a+b+c+d", "e+f+g+h"] if served_order else ["e+f+g+h", "a+b+c+d"])
+
+
+def test_an_emptied_lane_is_forgotten_once_its_feed_sends_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lane a take emptied keeps its place only while its feed sends: past LANE_FORGET_S without a part it is
+    forgotten at the next take (a removed feed's lane does not stay in the order for good)."""
+    import stream.core.batcher as batcher
+
+    monkeypatch.setattr(batcher, "LANE_FORGET_S", 0.2)
+
+    async def case() -> tuple[list[str], list[str]]:
+        b = Batcher(RecordingEngine(), INFO, 0.01, workers=1)
+        await asyncio.gather(*(b.submit(_live(s, 1, 0, [])) for s in "abcd"))
+        kept = list(b._lanes)
+        await asyncio.sleep(0.3)
+        await b.submit(_live("e", 1, 0, []))
+        left = list(b._lanes)
+        await asyncio.to_thread(b.close)
+        return kept, left
+
+    kept, left = asyncio.run(case())
+    assert kept == ["a", "b", "c", "d"] and left == ["e"]
+
+
 def test_a_live_part_stops_waiting_to_merge_while_it_is_still_fresh() -> None:
     """A lone live feed's frame waits for other rows at most until it would be taken stale: with a 100-ms budget
     and runs of 60 ms (counted for at most half the budget), a 50-ms batch timeout is cut to 45 ms; a file part
