@@ -59,7 +59,13 @@ Decision record:
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
   feed's next part takes the turn (when a stale part counted as the turn, a feed whose older frame had aged
-  past the budget while it waited lost its turn to it, and its fresh frame waited another round). Measured against first come (2026-12-07): on an H100 with decode processes, 32 paced 1080p feeds
+  past the budget while it waited lost its turn to it, and its fresh frame waited another round). The order is
+  the order feeds were served in, for a lane a take emptied too (SERVED_ORDER): it keeps its place while its feed
+  sends (forgotten LANE_FORGET_S after its last part). When an emptied lane was dropped and joined the order
+  again as its feed's next frame came, a feed was placed by when its frame came after its turn, not by its turn:
+  with lanes of one past the ceiling every lane is emptied at its turn, so feeds whose frames came soon after a
+  take were served more (on an H100, 24 feeds +-16.3% against +-4.5% with lanes of two, which a take seldom
+  empties). Measured against first come (2026-12-07): on an H100 with decode processes, 32 paced 1080p feeds
   published 47% of the engine's ceiling (221 of 466 img/s), frames queued first come and went stale in the
   queue, and runs left with the stale rows taken out ran part-empty.
 - Sealed runs (full batches, a file's parts merged after `batch_timeout_ms`) wait in a heap, earliest
