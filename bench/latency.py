@@ -6,7 +6,8 @@
 
 Feeds (--modes; `auto` takes rtsp where it can run, else paced):
 - rtsp: GStreamer's RTSP server of the tests (tests/rtsp_server.py, run with the system python3: a live
-  320x240 test pattern at 30 fps, x264 zero-latency, one shared media for every client, as with a camera).
+  320x240 test pattern at 30 fps, x264 zero-latency, a pipeline per client: the server's encoders share the
+  machine with the daemon, about 4% of a core a feed).
   Every feed is its own RTSP client of that mount, read by the daemon's own live source (stream/sources/live.py).
 - paced: BENCH-ONLY PACING. `stream` has no way to play a file at its frame rate, so this script does it: in
   its daemon process `av.open` of a `paced:` URL gives a PacedContainer, the file's container whose packets
@@ -340,9 +341,9 @@ def child_main(spec_json: str) -> None:
 
 class RtspServerProcess:
     """tests/rtsp_server.py in a process of its own (the system python3, which has GStreamer's bindings), its
-    output in `log`. The server has now and then stopped accepting connections between points (2026-12-07, on
-    the CPU machine: the process gone, cause unknown); before each point `restart_if_gone` starts it again on the
-    same port and says so, with the end of its log, instead of the point failing after its start-up timeout."""
+    output in `log`. Before each point `restart_if_gone` starts it again on the same port if it has gone, and
+    says so with the end of its log, instead of the point failing after its start-up timeout (its shared media
+    aborted it when a point's feeds connected at once, until it gave each client a pipeline of its own)."""
 
     def __init__(self, port: int, log: Path) -> None:
         self.port, self.log = port, log
@@ -1052,7 +1053,7 @@ def main() -> None:
                 warm = make_sample_video(tmp / "warm-320x240.mp4", width=320, height=240, fps=30, seconds=1.0)
                 res["modes"]["rtsp"] = (
                     "tests/rtsp_server.py (GStreamer RTSP server on 127.0.0.1): live 320x240 "
-                    "test pattern, 30 fps, x264 zerolatency, one shared media; "
+                    "test pattern, 30 fps, x264 zerolatency, an encoder per client; "
                     "RTSP over TCP"
                 )
                 plan.append(("rtsp", f"rtsp://127.0.0.1:{port}/pattern", 30.0, warm))
