@@ -198,10 +198,57 @@ class _NullSink:
         pass
 
 
+class StageProbe:
+    """BENCH ONLY: how old live frames are (ms after capture) when they reach the batcher (a source or a decode
+    worker's feed hands the part over: demux, decode, conversion and the hand-off behind it) and when a run takes
+    them (the lane's wait on top), from the batcher's `submit` and `_take`, wrapped in the daemon process. The
+    publish latency less the take is the run and the publishing."""
+
+    STAGES = ("batcher", "take")
+
+    def __init__(self) -> None:
+        self.ages: dict[str, list[tuple[str, float, float]]] = {s: [] for s in self.STAGES}  # (stream, capt., age)
+
+    def install(self) -> None:
+        from stream.core import batcher
+
+        submit, take, ages = batcher.Batcher.submit, batcher.Batcher._take, self.ages
+
+        def note(stage: str, b: Any, now: float) -> None:
+            if b.max_age_s is not None:  # a live feed's part
+                ages[stage].extend((b.stream, m.captured_at, now - m.captured_at) for m in b.frames)
+
+        def probed_submit(self: Any, b: Any) -> Any:
+            note("batcher", b, time.time())
+            return submit(self, b)
+
+        def probed_take(self: Any) -> Any:
+            group = take(self)
+            now = time.time()
+            for item in group or ():
+                for b in item[2]:
+                    note("take", b, now)
+            return group
+
+        batcher.Batcher.submit = probed_submit  # type: ignore[method-assign,assignment]
+        batcher.Batcher._take = probed_take  # type: ignore[method-assign]
+
+    def summary(self, prefix: str, w0: float, w1: float) -> dict[str, dict[str, float | None]]:
+        """p50 / p99 / max (ms) per stage over the frames of feeds `prefix`* captured in [w0, w1); their records go."""
+        out: dict[str, dict[str, float | None]] = {}
+        for stage in self.STAGES:
+            rows = list(self.ages[stage])
+            self.ages[stage] = [r for r in rows if not r[0].startswith(prefix)]
+            ms = np.asarray([1000.0 * age for sid, t, age in rows if sid.startswith(prefix) and w0 <= t < w1])
+            out[stage] = {"p50": pct(ms, 50), "p99": pct(ms, 99), "max": pct(ms, 100), "frames": int(ms.size)}
+        return out
+
+
 async def serve(spec: dict[str, Any]) -> None:
     """The daemon: engine made and warmed up once, then feeds started and removed on commands read from stdin:
-    `start TAG N` adds N feeds with ids TAGf00.., `stop TAG` removes them (in-flight frames published, then an
-    eos each), `quit` (or end of input) stops the run."""
+    `start TAG N` adds N feeds with ids TAGf00.., `stop TAG [W0 W1]` removes them (in-flight frames published,
+    then an eos each) and replies with the frames they read and their stages (StageProbe, frames captured in
+    [W0, W1)), `quit` (or end of input) stops the run."""
     from stream.daemon.http import Metrics
     from stream.sinks.publish import Publisher
 
@@ -211,6 +258,8 @@ async def serve(spec: dict[str, Any]) -> None:
 
         stream.core.batcher.NEWEST_PAST_CEILING = spec["lanes"] != "fifo"
         stream.core.batcher.SERVED_ORDER = spec["lanes"] != "newest-rejoin"
+    probe = StageProbe()
+    probe.install()
     info = load_info(cfg.model or default_model_path())
     engine = await asyncio.to_thread(make_engine, cfg.device, info, cfg)
     metrics = Metrics()
@@ -299,7 +348,9 @@ async def serve(spec: dict[str, Any]) -> None:
                     await asyncio.sleep(0.05)
                 # frames each live source read (its frame counter): published + dropped + still queued at removal
                 read = {sid: _read_count(made.get(sid)) for sid in sids}
-                print(json.dumps({"tag": words[1], "read": read}), flush=True)
+                window = (float(words[2]), float(words[3])) if len(words) >= 4 else (0.0, float("inf"))
+                stages = probe.summary(words[1] + "f", *window)
+                print(json.dumps({"tag": words[1], "read": read, "stages": stages}), flush=True)
         await task
         if workers is not None:
             await workers.close()
@@ -601,7 +652,7 @@ class Daemon:
         m1 = scrape(self.m_port, prefix)
         if self.proc.poll() is not None:
             self.fail(f"the daemon exited ({self.proc.returncode}) during the window")
-        self.send(f"stop {tag}")
+        self.send(f"stop {tag} {w0:.6f} {w1:.6f}")
         t_stop = time.time()
         while not feeds <= {m["stream"] for _, m in self.of(prefix, "eos")} and time.time() - t_stop < 30:
             time.sleep(0.05)
@@ -621,6 +672,7 @@ class Daemon:
         unaccounted = read - len(every) - dropped_all
         counted = read > 0 and 0 <= unaccounted <= n * self.pool * self.batch
         p["read_fps"] = read / (t_stop - t_begin)
+        p["stages_ms"] = self.replies.get(tag, {}).get("stages")
         p["accounting"] = {
             "read": read,
             "published": len(every),
@@ -794,6 +846,17 @@ def fmt_runs(r: dict[str, float | None]) -> str:
     return f"{r['per_s']:.1f} runs/s of {r['rows_per_run']:.2f} frames, {r['run_ms']:.1f} ms each (take to results)"
 
 
+def fmt_stages(p: dict[str, Any]) -> str:
+    """Live frames' age at the batcher and at the take, p50 / p99 ms (StageProbe)."""
+    st = p.get("stages_ms") or {}
+    parts = [
+        f"at {name} {fmt_ms(st[key]['p50'])} / {fmt_ms(st[key]['p99'])}"
+        for key, name in (("batcher", "the batcher"), ("take", "the take"))
+        if st.get(key)
+    ]
+    return "age " + ", ".join(parts) + " ms" if parts else "age: -"
+
+
 def fmt_ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}"
 
@@ -849,7 +912,9 @@ def table(res: dict[str, Any]) -> str:
     )
     lines.append(
         "- publish: `published_at - captured_at` (daemon clock); receive: subscriber's receive time - "
-        "`captured_at` (another process, same host clock)"
+        "`captured_at` (another process, same host clock); age (p50 / p99 ms after capture, frames captured in "
+        "the window): at the batcher, every live frame that reached it (demux, decode, conversion and the "
+        "hand-off behind it), at the take, the frames a run took (the lane's wait on top)"
     )
     lines.append(
         "- missing: gaps in `frame` among the published frames captured in the window; dropped: "
@@ -1113,7 +1178,7 @@ def main() -> None:
                         f"{label}, {n:2d} feeds: {p['fps']:.1f} fps published, of ceiling {fmt_share(p)}, "
                         f"{p['read_fps']:.1f} read; per-feed frames {fmt_feeds(p)}; "
                         f"receive p50 {fmt_ms(p['receive_ms']['p50'])} p99 {fmt_ms(p['receive_ms']['p99'])} max "
-                        f"{fmt_ms(p['receive_ms']['max'])} ms; dropped {p['dropped'] or 0}, "
+                        f"{fmt_ms(p['receive_ms']['max'])} ms; {fmt_stages(p)}; dropped {p['dropped'] or 0}, "
                         f"missing {p['missing_frames']}; engine {fmt_runs(p['runs'])}; "
                         f"start-up {p['startup_s']:.1f} s, stop {p['stop_s']:.1f} s; "
                         f"{p['target']}: {p['target_status']}",
