@@ -20,7 +20,8 @@ Feeds (--modes; `auto` takes rtsp where it can run, else paced):
 A/B within one run: --live-workers V1 V2 (threads against decode processes) and --lanes newest fifo (lanes
 of decode workers' feeds that past the ceiling keep the newest frame only, the batcher's NEWEST_PAST_CEILING,
 on in the daemon, against lanes of two frames, first in first out) start one daemon per value, each running every
-point; so does --vary KEY=V1,V2,... for any config key (e.g. --vary take_ahead_ms=0,6).
+point; so does --vary KEY=V1,V2,... for any config key (e.g. --vary take_ahead_ms=0,6) and, bench only, for a
+constant of the batcher's decision record (upper case: --vary NEWEST_RATIO=1.15,1.05).
 
 Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
 runs it with a control endpoint: a real Publisher on tcp://127.0.0.1, Prometheus metrics on a port of its own):
@@ -258,6 +259,10 @@ async def serve(spec: dict[str, Any]) -> None:
 
         stream.core.batcher.NEWEST_PAST_CEILING = spec["lanes"] != "fifo"
         stream.core.batcher.SERVED_ORDER = spec["lanes"] != "newest-rejoin"
+    for name, value in spec.get("batcher", {}).items():  # BENCH ONLY (--vary NAME=...): a batcher constant
+        import stream.core.batcher
+
+        setattr(stream.core.batcher, name, value)
     probe = StageProbe()
     probe.install()
     info = load_info(cfg.model or default_model_path())
@@ -525,6 +530,7 @@ class Daemon:
         overrides: dict[str, Any],
         kind: str | None = None,
         lanes: str | None = None,
+        batcher: dict[str, Any] | None = None,
     ) -> None:
         self.a, self.mode = a, mode  # mode: the label of this daemon's rows; kind: rtsp or paced
         self.m_port = free_port()
@@ -551,6 +557,7 @@ class Daemon:
             # the ceiling's batches: the paced feeds' own file; for rtsp the warm-up clip (the pattern's size)
             "ceiling_video": location if (kind or mode) == "paced" else str(warm),
             "lanes": lanes,
+            "batcher": batcher or {},
         }
         self.log = tmp / f"daemon-{re.sub(r'[^A-Za-z0-9]+', '-', mode)}.log"
         self.sub = Subscriber(endpoint)
@@ -985,10 +992,28 @@ def plot(res: dict[str, Any], path: Path) -> None:
 
 
 def parse_vary(item: str | None) -> tuple[str | None, list[Any]]:
-    """--vary KEY=V1,V2,...: the key and its values (each parsed as --set parses one), checked against the config."""
+    """--vary KEY=V1,V2,...: the key and its values (each parsed as --set parses one), checked against the config;
+    BENCH ONLY: an upper-case KEY is a constant of stream.core.batcher (its decision record), set in the daemon
+    process, each value a Python literal (--vary NEWEST_RATIO=1.15,1.05)."""
     if item is None:
         return None, []
     key, sep, values = item.partition("=")
+    if key.strip().isupper():
+        import ast
+
+        import stream.core.batcher
+
+        name = key.strip()
+        if not sep or not hasattr(stream.core.batcher, name):
+            raise SystemExit(f"--vary {item!r}: {name} is not a constant of stream.core.batcher")
+        try:
+            literals = [ast.literal_eval(v.strip()) for v in values.split(",") if v.strip()]
+        except (ValueError, SyntaxError) as exc:
+            raise SystemExit(f"--vary {item!r}: each value a Python literal ({exc})") from exc
+        kind = type(getattr(stream.core.batcher, name))
+        if not literals or any(not isinstance(v, kind) and not (kind is float and type(v) is int) for v in literals):
+            raise SystemExit(f"--vary {item!r}: values of the type of {name} ({kind.__name__})")
+        return name, literals
     parsed = [parse_sets([f"{key}={v}"])[key.strip()] for v in values.split(",") if v.strip()]
     if not sep or not parsed:
         raise SystemExit(f"--vary {item!r}: write KEY=V1,V2 (a config key, see configs/default.toml)")
@@ -1060,7 +1085,8 @@ def main() -> None:
         "--vary",
         default=None,
         metavar="KEY=V1,V2",
-        help="A/B: one daemon per value of a config key, each running every --feeds point",
+        help="A/B: one daemon per value of a config key, each running every --feeds point; an upper-case KEY is a "
+        "constant of stream.core.batcher, bench only (e.g. NEWEST_RATIO=1.15,1.05; SERVED_ORDER=True,False)",
     )
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override (repeatable)")
     ap.add_argument("--json", type=Path, default=None)
@@ -1155,10 +1181,14 @@ def main() -> None:
             label = mode if workers is None else f"{mode}, " + ("threads" if workers == "0" else f"workers {workers}")
             if lanes is not None:
                 label += f", lanes {lanes}"
+            consts = {}
             if vary_key is not None:
-                sets[vary_key] = value
+                if vary_key.isupper():
+                    consts[vary_key] = value
+                else:
+                    sets[vary_key] = value
                 label += f", {vary_key} {value}"
-            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes)
+            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes, batcher=consts)
             try:
                 ceiling = daemon.measure_ceiling()
                 if ceiling is not None:

@@ -45,7 +45,9 @@ Decision record:
   at no clear latency gain, since a feed read by threads hands the batcher parts of several frames and a lane
   of one drops a whole older part for a newer one. Forms of the signal not kept: each feed's share of frames
   dropped (once depth 1 was on its own drops kept it on: 66 of 1,216 frames lost at 4 feeds under the
-  ceiling); ratio 1.05 (on at 4 feeds on a loaded run).
+  ceiling); ratio 1.05 (on at 4 feeds on a loaded run, when it applied to every feed on the CPU). Its ratio is
+  NEWEST_RATIO, the warning's for now (1.15): 16 feeds on an H100 offer about 1.09 times the slots, so their
+  lanes keep two (p99 120-130 ms there); a lower ratio for decode workers' feeds is to be measured.
 - Pacing (`pacing`, the `live_pacing` key; off): past the ceiling `pace_for` gives every live feed the same
   pace, PACE_MARGIN times the fair share of the live slots (`fair_share`: water-filling over the frames that
   came to each lane, so a feed that sends fewer keeps them and the others share the rest), and the feed's
@@ -147,6 +149,7 @@ OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
 NEWEST_PAST_CEILING = (
     True  # past the ceiling a lane of one-frame parts (decode workers) keeps 1 frame (decision record)
 )
+NEWEST_RATIO = 1.15  # ... once the live frames out of the lanes are this many times the takes' slots (LiveLoad)
 SERVED_ORDER = True  # the lanes' order is the order feeds were served in, emptied lanes too (decision record)
 LANE_FORGET_S = 5.0  # ... an empty lane whose feed sent nothing for this long is forgotten (removed, or rare)
 COALESCE_SCAN = 64  # queued runs a worker looks past, at most, for ones that fit beside the one it took
@@ -225,11 +228,11 @@ class LiveLoad:
         self.offered += offered
         self.slots += slots
 
-    def over(self) -> bool:
-        """Past the ceiling (see the decision record): a few frames at least left the lanes, and OVERLOAD_RATIO
-        times the slots the takes had or more. Under the ceiling every frame is taken, and a take has room for
-        what it takes, so the frames are at most the slots."""
-        return self.offered >= OVERLOAD_MIN_FRAMES and self.offered >= OVERLOAD_RATIO * self.slots
+    def over(self, ratio: float = OVERLOAD_RATIO) -> bool:
+        """Past the ceiling (see the decision record): a few frames at least left the lanes, and `ratio` times
+        the slots the takes had or more. Under the ceiling every frame is taken, and a take has room for what it
+        takes, so the frames are at most the slots (more only by the frames superseded)."""
+        return self.offered >= OVERLOAD_MIN_FRAMES and self.offered >= ratio * self.slots
 
 
 class Batcher:
@@ -371,7 +374,8 @@ class Batcher:
                         del self._came[gone]
             if over:
                 self._over_at = now
-            depth = 1 if over and NEWEST_PAST_CEILING and batch.newest_past_ceiling else LIVE_DEPTH
+            newest = NEWEST_PAST_CEILING and batch.newest_past_ceiling and self.load.over(NEWEST_RATIO)
+            depth = 1 if newest else LIVE_DEPTH
             say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
             if say:
                 self._over_logged = now
