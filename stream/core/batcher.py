@@ -475,8 +475,10 @@ class Batcher:
             else:
                 at = 0
                 for _, _, ps, fut, loop in group:
-                    _resolve(loop, fut, res[at : at + len(ps)])
+                    mine = res[at : at + len(ps)]
                     at += len(ps)
+                    failed = next((r for r in mine if isinstance(r, BaseException)), None)
+                    _resolve(loop, fut, failed or [r for r in mine if not isinstance(r, BaseException)])
             finally:
                 self._model_ended(token, taken, measured=False)
                 opened()
@@ -617,8 +619,11 @@ class Batcher:
             heapq.heappush(self._runs, item)
         return rows
 
-    def _work(self, parts: list[Batch], opened: Callable[[], None] = lambda: None) -> list[list[FrameResult]]:
-        """Drop what went stale while waiting (live feeds), then one inference run; results per part. `opened`
+    def _work(
+        self, parts: list[Batch], opened: Callable[[], None] = lambda: None
+    ) -> list[list[FrameResult] | BaseException]:
+        """Drop what went stale while waiting (live feeds), then one inference run; results per part, or the run's
+        error for the parts that were in it (a part wholly stale was not: it is dropped, not failed). `opened`
         goes to the engine (Batch.inferred): called once the model has run."""
         t0 = time.time()
         starts = [_stale_prefix(b, self.run_time) for b in parts]
@@ -626,7 +631,7 @@ class Batcher:
         for b, s in zip(parts, starts):
             if s == len(b.frames):  # nothing left of it: hand its buffer back
                 b.done()
-        out: dict[int, list[FrameResult]] = {id(b): [] for b in parts}
+        out: dict[int, list[FrameResult] | BaseException] = {id(b): [] for b in parts}
         if fresh:
             if len(fresh) == 1 and fresh[0][1] == 0 and _whole(fresh[0][0], self.info.batch):
                 batch = fresh[0][0]
@@ -634,7 +639,12 @@ class Batcher:
                 batch = self.stack(fresh)
                 self.merged += len(fresh) > 1
             batch.inferred = opened
-            res, at = self.engine.infer(batch), 0
+            try:
+                res, at = self.engine.infer(batch), 0
+            except Exception as exc:  # the streams whose frames were in the run get the error
+                for b, _ in fresh:
+                    out[id(b)] = exc
+                return [out[id(b)] for b in parts]
             took = time.time() - t0
             self.run_time.add(took)
             self.instrument.batch_ran(len(batch.frames), took)

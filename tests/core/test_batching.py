@@ -765,6 +765,38 @@ def test_runs_in_flight_bounds_the_models_on_the_device_and_post_processing_over
     assert free.most_model == 3
 
 
+def test_a_part_gone_stale_beside_a_failing_run_is_dropped_not_failed() -> None:
+    """A live part wholly stale rides along with the run it was taken with but never reaches the engine: when that
+    run fails, the part is dropped and counted as stale, its feed untouched, while the failing run's own stream
+    gets the error (it got the error too, and its feed with it, when the stale part joined a run that failed)."""
+    gate = threading.Event()
+    drops: list[tuple[str, str, int]] = []
+
+    class FailingEngine(HeldEngine):
+        def infer(self, batch: Batch) -> list[FrameResult]:
+            if batch.stream == "fail":
+                batch.done()
+                raise RuntimeError("boom")
+            return super().infer(batch)
+
+    async def case() -> list[Any]:
+        b = Batcher(FailingEngine(gate), INFO, 0.05, workers=1)  # INFO.batch is 4
+        busy = b.submit(_make_part("busy", 4, 0, 0.0, None))
+        await asyncio.sleep(0.1)  # the one worker is in the busy run
+        old = _make_part("old", 2, 0, 1.0, None)  # captured a second ago, against a half-second budget
+        old.max_age_s = 0.5
+        old.on_drop = lambda reason, k: drops.append(("old", reason, k))
+        futs = [b.submit(_make_part("fail", 4, 0, 0.0, None)), b.submit(old)]
+        gate.set()  # the next take: the stale lane part first (due first), then the full file run beside it
+        res = await asyncio.gather(busy, *futs, return_exceptions=True)
+        await asyncio.to_thread(b.close)
+        return res[1:]
+
+    res = asyncio.run(case())
+    assert isinstance(res[0], RuntimeError) and res[1] == []
+    assert drops == [("old", "stale", 2)]
+
+
 def test_with_a_gate_a_live_run_takes_the_frames_that_are_newest_when_the_model_is_free() -> None:
     """The point of the gate: a buffer that waits for it takes its live frames only once the run ahead is off
     the model, so frames that came in the meantime supersede older ones (latest wins) instead of riding a run
