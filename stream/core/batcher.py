@@ -47,7 +47,12 @@ Decision record:
   dropped (once depth 1 was on its own drops kept it on: 66 of 1,216 frames lost at 4 feeds under the
   ceiling); ratio 1.05 (on at 4 feeds on a loaded run, when it applied to every feed on the CPU). Its ratio is
   NEWEST_RATIO, the warning's for now (1.15): 16 feeds on an H100 offer about 1.09 times the slots, so their
-  lanes keep two (p99 120-130 ms there); a lower ratio for decode workers' feeds is to be measured.
+  lanes keep two (p99 120-130 ms there); a lower ratio for decode workers' feeds is to be measured. A lane's
+  merge wait runs from the first frame that came to it while it was empty (`_lane_ready`), not from the frame
+  now at its head: when a superseding frame began the wait again, a feed alone (fewer frames than a batch)
+  sending frames more often than the batch timeout was never taken once its lane was one frame, and the slots
+  its missing takes did not count kept the load "past the ceiling": on an H100 a lone feed's first slow runs
+  put it there, and it published 28 of about 270 frames (GPU test, 2026-12-07).
 - Pacing (`pacing`, the `live_pacing` key; off): past the ceiling `pace_for` gives every live feed the same
   pace, PACE_MARGIN times the fair share of the live slots (`fair_share`: water-filling over the frames that
   came to each lane, so a feed that sends fewer keeps them and the others share the rest), and the feed's
@@ -267,6 +272,8 @@ class Batcher:
         self._runs: list[_Work] = []
         self._lanes: collections.OrderedDict[str, collections.deque[_Work]] = collections.OrderedDict()
         self._fed_at: dict[str, float] = {}  # live stream -> when a part last came to its lane (monotonic)
+        # live stream -> capture time of the first frame that came to its lane while it was empty (_lane_ready)
+        self._lane_since: dict[str, float] = {}
         self.load = LiveLoad(time.monotonic())  # whether the live feeds are past the ceiling (decision record)
         self._over = False  # the load's state as last seen by _to_lane
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
@@ -361,6 +368,8 @@ class Batcher:
             lane = self._lanes.get(batch.stream)
             if lane is None:
                 lane = self._lanes[batch.stream] = collections.deque()
+            if not lane and batch.frames:
+                self._lane_since[batch.stream] = batch.frames[0].captured_at
             lane.append(item)
             now = time.monotonic()
             self._fed_at[batch.stream] = now
@@ -525,7 +534,7 @@ class Batcher:
     def _wait_s(self) -> float | None:
         """How long a worker with nothing to take sleeps (under _cv): until the oldest frame in a lane has
         waited its batch timeout; indefinitely (until notified) when the lanes are empty."""
-        heads = [self._merge_until(lane[0][2][0]) for lane in self._lanes.values() if lane]
+        heads = [self._lane_ready(stream, lane) for stream, lane in self._lanes.items() if lane]
         if not heads:
             return None
         return max(0.001, min(heads) - time.time())
@@ -540,19 +549,30 @@ class Batcher:
             wait = min(wait, max(0.0, b.max_age_s - self.run_time.lead(b.max_age_s) - TAKE_SLACK_S))
         return b.frames[0].captured_at + wait
 
+    def _lane_ready(self, stream: str, lane: collections.deque[_Work]) -> float:
+        """When a lane stops waiting for other rows (unix time): its head part's `_merge_until`, or the batch
+        timeout after the first frame that came to the lane while it was empty, if that is sooner. A part that
+        supersedes another keeps the wait that one had begun: when each newer frame began the wait again, a lane
+        of one frame whose feed sends frames more often than the batch timeout was never ready, and a feed alone
+        (fewer frames than a batch) was never taken once past the ceiling."""
+        head = self._merge_until(lane[0][2][0])
+        since = self._lane_since.get(stream)
+        return head if since is None else min(head, since + self.timeout_s)
+
     def _take(self) -> list[_Work] | None:
         """The next inference run (under _cv), or None when there is none to run yet (see the decision record):
         the earliest due of the sealed runs and the lanes goes first; live parts then join it round-robin, one
         part per feed and round, least recently served feed first; then sealed runs that fit. The lanes are
         ready when their fresh rows fill the batch or their oldest frame has waited the batch timeout (or
         less: `_merge_until`)."""
-        lanes = [lane for lane in self._lanes.values() if lane]
+        waiting = [(stream, lane) for stream, lane in self._lanes.items() if lane]
+        lanes = [lane for _, lane in waiting]
         live_ready = False
         lane_due = min((lane[0][0] for lane in lanes), default=float("inf"))
         if lanes:
             live_ready = (
                 self._closing
-                or min(self._merge_until(lane[0][2][0]) for lane in lanes) <= time.time()
+                or min(self._lane_ready(stream, lane) for stream, lane in waiting) <= time.time()
                 or sum(_fresh_rows(it[2], self.run_time) for lane in lanes for it in lane) >= self.info.batch
                 # a sealed run due later would keep this worker past the lane's frames' budget: no merge wait
                 or (bool(self._runs) and lane_due < self._runs[0][0])
@@ -575,6 +595,7 @@ class Batcher:
     def _from_lanes(self, group: list[_Work], rows: int) -> int:
         """Add lane parts that fit to `group`, round-robin across feeds (parts are never split)."""
         served: list[str] = []
+        touched: set[str] = set()
         progress = True
         while rows < self.info.batch and progress:
             progress = False
@@ -582,6 +603,7 @@ class Batcher:
                 n = 0
                 while lane and (n := _fresh_rows(lane[0][2], self.run_time)) == 0:
                     group.append(lane.popleft())  # gone stale: dropped and counted by _work, not the feed's turn
+                    touched.add(stream)
                 if not lane:
                     continue
                 if rows + n > self.info.batch:
@@ -590,8 +612,14 @@ class Batcher:
                 rows += n
                 progress = True
                 served.append(stream)
+                touched.add(stream)
                 if rows >= self.info.batch:
                     break
+        for stream, lane in self._lanes.items():  # a lane taken from: its wait begins with what is left in it
+            if not lane:
+                self._lane_since.pop(stream, None)
+            elif stream in touched:
+                self._lane_since[stream] = lane[0][2][0].frames[0].captured_at
         for stream in dict.fromkeys(served):
             if SERVED_ORDER or self._lanes[stream]:
                 self._lanes.move_to_end(stream)

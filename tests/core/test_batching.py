@@ -646,6 +646,36 @@ def test_an_emptied_lane_is_forgotten_once_its_feed_sends_nothing(monkeypatch: p
     assert kept == ["a", "b", "c", "d"] and left == ["e"]
 
 
+def test_a_lone_feed_with_a_lane_of_one_is_still_run_every_batch_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the ceiling a decode worker's feed keeps one frame in its lane; a feed alone sends fewer frames than a
+    batch, so its lane is taken when the batch timeout has passed since the first frame that came to the empty
+    lane. A newer frame that supersedes the one waiting keeps that wait: when it began the wait again, a feed
+    sending a frame every 20 ms against a 50-ms timeout was never taken (on a GPU: a lone feed whose first runs
+    were slow went on dropping its frames as superseded)."""
+    import stream.core.batcher as batcher
+
+    monkeypatch.setattr(batcher.LiveLoad, "over", lambda self, ratio=1.15: True)
+    drops: list[tuple[str, str, int]] = []
+
+    async def case() -> RecordingEngine:
+        eng = RecordingEngine()
+        b = Batcher(eng, INFO, 0.05, workers=1)  # INFO.batch is 4
+        futs = []
+        for i in range(25):  # half a second of frames, one every 20 ms
+            part = _live("cam", 1, i, drops)
+            part.newest_past_ceiling = True
+            futs.append(b.submit(part))
+            await asyncio.sleep(0.02)
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        return eng
+
+    eng = asyncio.run(case())
+    runs = [frames for name, frames, _ in eng.batches]
+    assert len(runs) >= 6, runs  # about one every 50 ms (every third frame), not only the last at close
+    assert all(len(r) == 1 for r in runs) and sum(n for _, _, n in drops) == 25 - len(runs)
+
+
 def test_a_live_part_stops_waiting_to_merge_while_it_is_still_fresh() -> None:
     """A lone live feed's frame waits for other rows at most until it would be taken stale: with a 100-ms budget
     and runs of 60 ms (counted for at most half the budget), a 50-ms batch timeout is cut to 45 ms; a file part
