@@ -200,20 +200,27 @@ class _NullSink:
 
 
 class StageProbe:
-    """BENCH ONLY: how old live frames are (ms after capture) when they reach the batcher (a source or a decode
-    worker's feed hands the part over: demux, decode, conversion and the hand-off behind it) and when a run takes
-    them (the lane's wait on top), from the batcher's `submit` and `_take`, wrapped in the daemon process. The
-    publish latency less the take is the run and the publishing."""
+    """BENCH ONLY: how old live frames are (ms after capture) when the daemon hears of them from a decode worker
+    (its record read on the event loop: demux, decode, conversion and the pipe behind it; decode workers only),
+    when they reach the batcher (the feed's part handed over on the loop) and when a run takes them (the lane's
+    wait on top), from RemoteFeed.frame and the batcher's `submit` and `_take`, wrapped in the daemon process.
+    The publish latency less the take is the run and the publishing."""
 
-    STAGES = ("batcher", "take")
+    STAGES = ("received", "batcher", "take")
 
     def __init__(self) -> None:
         self.ages: dict[str, list[tuple[str, float, float]]] = {s: [] for s in self.STAGES}  # (stream, capt., age)
 
     def install(self) -> None:
         from stream.core import batcher
+        from stream.sources import live_workers
 
         submit, take, ages = batcher.Batcher.submit, batcher.Batcher._take, self.ages
+        frame = live_workers.RemoteFeed.frame
+
+        def probed_frame(self: Any, kind: str, slot: int, meta: Any) -> None:
+            ages["received"].append((self.stream, meta.captured_at, time.time() - meta.captured_at))
+            frame(self, kind, slot, meta)
 
         def note(stage: str, b: Any, now: float) -> None:
             if b.max_age_s is not None:  # a live feed's part
@@ -231,6 +238,7 @@ class StageProbe:
                     note("take", b, now)
             return group
 
+        live_workers.RemoteFeed.frame = probed_frame  # type: ignore[method-assign]
         batcher.Batcher.submit = probed_submit  # type: ignore[method-assign,assignment]
         batcher.Batcher._take = probed_take  # type: ignore[method-assign]
 
@@ -854,12 +862,13 @@ def fmt_runs(r: dict[str, float | None]) -> str:
 
 
 def fmt_stages(p: dict[str, Any]) -> str:
-    """Live frames' age at the batcher and at the take, p50 / p99 ms (StageProbe)."""
+    """Live frames' age when the daemon heard of them (decode workers), at the batcher and at the take, p50 / p99
+    ms (StageProbe)."""
     st = p.get("stages_ms") or {}
     parts = [
         f"at {name} {fmt_ms(st[key]['p50'])} / {fmt_ms(st[key]['p99'])}"
-        for key, name in (("batcher", "the batcher"), ("take", "the take"))
-        if st.get(key)
+        for key, name in (("received", "the daemon"), ("batcher", "the batcher"), ("take", "the take"))
+        if st.get(key) and st[key].get("frames")
     ]
     return "age " + ", ".join(parts) + " ms" if parts else "age: -"
 
@@ -920,8 +929,9 @@ def table(res: dict[str, Any]) -> str:
     lines.append(
         "- publish: `published_at - captured_at` (daemon clock); receive: subscriber's receive time - "
         "`captured_at` (another process, same host clock); age (p50 / p99 ms after capture, frames captured in "
-        "the window): at the batcher, every live frame that reached it (demux, decode, conversion and the "
-        "hand-off behind it), at the take, the frames a run took (the lane's wait on top)"
+        "the window): at the daemon, a decode worker's record of the frame read (demux, decode, conversion and "
+        "the pipe behind it), at the batcher, every live frame that reached it, at the take, the frames a run "
+        "took (the lane's wait on top)"
     )
     lines.append(
         "- missing: gaps in `frame` among the published frames captured in the window; dropped: "
