@@ -210,6 +210,7 @@ class StageProbe:
 
     def __init__(self) -> None:
         self.ages: dict[str, list[tuple[str, float, float]]] = {s: [] for s in self.STAGES}  # (stream, capt., age)
+        self.ticks: list[tuple[float, float, float]] = []  # (time, loop lateness, process CPU seconds): tick()
 
     def install(self) -> None:
         from stream.core import batcher
@@ -243,14 +244,30 @@ class StageProbe:
         batcher.Batcher._take = probed_take  # type: ignore[method-assign]
 
     def summary(self, prefix: str, w0: float, w1: float) -> dict[str, dict[str, float | None]]:
-        """p50 / p99 / max (ms) per stage over the frames of feeds `prefix`* captured in [w0, w1); their records go."""
+        """p50 / p99 / max (ms) per stage over the frames of feeds `prefix`* captured in [w0, w1); their records go.
+        Beside them "loop": how late the event loop woke a 5-ms sleep, and the cores the daemon process used (all
+        its threads; decode workers are processes of their own), over [w0, w1)."""
         out: dict[str, dict[str, float | None]] = {}
         for stage in self.STAGES:
             rows = list(self.ages[stage])
             self.ages[stage] = [r for r in rows if not r[0].startswith(prefix)]
             ms = np.asarray([1000.0 * age for sid, t, age in rows if sid.startswith(prefix) and w0 <= t < w1])
             out[stage] = {"p50": pct(ms, 50), "p99": pct(ms, 99), "max": pct(ms, 100), "frames": int(ms.size)}
+        ticks = [(t, lag, cpu) for t, lag, cpu in self.ticks if w0 <= t < w1]
+        self.ticks = [x for x in self.ticks if x[0] >= w1]
+        lags = np.asarray([1000.0 * lag for _, lag, _ in ticks])
+        cores = (ticks[-1][2] - ticks[0][2]) / (ticks[-1][0] - ticks[0][0]) if len(ticks) > 1 else None
+        out["loop"] = {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": pct(lags, 100), "cores": cores}
         return out
+
+    async def tick(self) -> None:
+        """The event loop's lateness (a 5-ms sleep against its wake-up) and the process's CPU time, every tick."""
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(0.005)
+            lag = time.perf_counter() - t0 - 0.005
+            cpu = os.times()
+            self.ticks.append((time.time(), lag, cpu.user + cpu.system))
 
 
 async def serve(spec: dict[str, Any]) -> None:
@@ -334,6 +351,7 @@ async def serve(spec: dict[str, Any]) -> None:
         )
         metrics.health_from(runner.status.health)
         task = asyncio.create_task(runner.run())
+        ticking = asyncio.create_task(probe.tick())  # noqa: F841 - runs until the loop ends
         loop = asyncio.get_running_loop()
         while not runner.running and not task.done():
             await asyncio.sleep(0.01)
@@ -870,7 +888,13 @@ def fmt_stages(p: dict[str, Any]) -> str:
         for key, name in (("received", "the daemon"), ("batcher", "the batcher"), ("take", "the take"))
         if st.get(key) and st[key].get("frames")
     ]
-    return "age " + ", ".join(parts) + " ms" if parts else "age: -"
+    text = "age " + ", ".join(parts) + " ms" if parts else "age: -"
+    loop = st.get("loop") or {}
+    if loop.get("p99") is not None:
+        cores = loop.get("cores")
+        text += f"; event loop late p50 / p99 {fmt_ms(loop['p50'])} / {fmt_ms(loop['p99'])} ms"
+        text += f", daemon process {cores:.2f} cores" if cores is not None else ""
+    return text
 
 
 def fmt_ms(v: float | None) -> str:
@@ -931,7 +955,8 @@ def table(res: dict[str, Any]) -> str:
         "`captured_at` (another process, same host clock); age (p50 / p99 ms after capture, frames captured in "
         "the window): at the daemon, a decode worker's record of the frame read (demux, decode, conversion and "
         "the pipe behind it), at the batcher, every live frame that reached it, at the take, the frames a run "
-        "took (the lane's wait on top)"
+        "took (the lane's wait on top); event loop late: a 5-ms sleep's wake-up in the daemon process, with the "
+        "cores that process used (its threads; decode workers are processes of their own)"
     )
     lines.append(
         "- missing: gaps in `frame` among the published frames captured in the window; dropped: "
