@@ -308,6 +308,51 @@ def test_a_decode_worker_paces_its_feed_as_the_batcher_says(
 
 
 @needs_rtsp
+def test_a_lone_feed_past_the_ceiling_is_still_run(server: RtspServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A feed alone, read by a decode worker, with the batcher reading the load as past the ceiling (as slow first
+    runs on a GPU made it): its lane keeps one frame, and the lane is taken every batch timeout from the first
+    frame that came to it, so the feed publishes about 20 of its 30 frames a second, the rest counted as
+    superseded. (When each newer frame began the lane's wait again, such a feed published almost nothing: on an
+    H100, 28 of about 270 frames.)"""
+    from stream.core.batcher import LiveLoad
+    from stream.core.build import build_run
+
+    monkeypatch.setattr(LiveLoad, "over", lambda self, ratio=1.15: True)
+    cfg = config.load(
+        None,
+        {
+            "sources": [f"cam={server.url()}"],
+            "live_workers": 1,
+            "batch_timeout_ms": 50,
+            "max_staleness_ms": 5000,
+            "progress": "off",
+            "device": "cpu",
+        },
+    )
+    sink = _Sink()
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        run = await build_run(cfg, sink=sink, keep_running=True)
+        async with run:
+            task = asyncio.create_task(run.runner.run())
+            await _until(lambda: any(s == "streaming" for s, _ in sink.states("cam")), 60, "the feed streaming")
+            await asyncio.sleep(1.0)
+            first = len(sink.frames("cam"))
+            await asyncio.sleep(3.0)
+            out["published"] = len(sink.frames("cam")) - first
+            out["dropped"] = dict(run.runner.stats["cam"].dropped)
+            run.runner.stop()
+            await task
+
+    asyncio.run(main())
+    assert out["published"] >= 30, out  # of about 90 in 3 s: a take every 50 ms gives about 60
+    assert out["dropped"].get("superseded", 0) >= 10, out
+    eos = sink.of("cam")[-1]
+    assert eos["type"] == "eos" and eos["read"] == eos["frames"] + eos["dropped"], eos
+
+
+@needs_rtsp
 def test_sigterm_with_decode_workers_mid_frame(server: RtspServer, tmp_path: Path) -> None:
     """Three feeds over two decode processes, SIGTERM while frames flow: every feed's eos, a prompt exit, no
     decode process and no shared-memory ring left behind."""
