@@ -18,7 +18,7 @@ import re
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -264,6 +264,31 @@ def test_a_killed_decode_worker_is_restarted_and_loses_nothing_else(
     check_killed_worker(out, videos["plain"])
 
 
+def one_decode_worker_feed(
+    url: str, during: Callable[[Any, _Sink], Awaitable[dict[str, Any]]], **keys: Any
+) -> tuple[_Sink, dict[str, Any]]:
+    """In process (build_run), on the CPU: one live feed `cam` read by one decode worker (`max_staleness_ms` 5000:
+    nothing goes stale on a slow machine), `keys` on top; `during(run, sink)` runs while it streams and says what
+    it saw, then the run stops (the feed's eos in the sink)."""
+    from stream.core.build import build_run
+
+    keys = {"max_staleness_ms": 5000, **keys}
+    cfg = config.load(None, {"sources": [f"cam={url}"], "live_workers": 1, "progress": "off", "device": "cpu", **keys})
+    sink = _Sink()
+    out: dict[str, Any] = {}
+
+    async def main() -> None:
+        run = await build_run(cfg, sink=sink, keep_running=True)
+        async with run:
+            task = asyncio.create_task(run.runner.run())
+            out.update(await during(run, sink))
+            run.runner.stop()
+            await task
+
+    asyncio.run(main())
+    return sink, out
+
+
 @needs_rtsp
 def test_a_decode_worker_paces_its_feed_as_the_batcher_says(
     server: RtspServer, monkeypatch: pytest.MonkeyPatch
@@ -272,33 +297,14 @@ def test_a_decode_worker_paces_its_feed_as_the_batcher_says(
     a second of the 30 fps pattern) goes to the worker that reads it, which keeps 10 a second, evenly spaced, and
     drops the rest right after decode as "overload", counted in the engine process (read = frames + dropped)."""
     from stream.core.batcher import Batcher
-    from stream.core.build import build_run
 
     monkeypatch.setattr(Batcher, "pace_for", lambda self, stream: 10.0)
-    cfg = config.load(
-        None,
-        {
-            "sources": [f"cam={server.url()}"],
-            "live_workers": 1,
-            "live_pacing": True,
-            "max_staleness_ms": 5000,
-            "progress": "off",
-            "device": "cpu",
-        },
-    )
-    sink = _Sink()
-    out: dict[str, Any] = {}
 
-    async def main() -> None:
-        run = await build_run(cfg, sink=sink, keep_running=True)
-        async with run:
-            task = asyncio.create_task(run.runner.run())
-            await _until(lambda: len(sink.frames("cam")) >= 25, 90, "25 live frames")
-            out["dropped"] = dict(run.runner.stats["cam"].dropped)
-            run.runner.stop()
-            await task
+    async def during(run: Any, sink: _Sink) -> dict[str, Any]:
+        await _until(lambda: len(sink.frames("cam")) >= 25, 90, "25 live frames")
+        return {"dropped": dict(run.runner.stats["cam"].dropped)}
 
-    asyncio.run(main())
+    sink, out = one_decode_worker_feed(server.url(), during, live_pacing=True)
     pts = [m["pts_s"] for m in sink.of("cam", "detections")]
     gaps = [b - a for a, b in zip(pts[1:], pts[2:])]
     assert sorted(gaps)[len(gaps) // 2] == pytest.approx(0.1, abs=0.034), gaps
@@ -315,37 +321,17 @@ def test_a_lone_feed_past_the_ceiling_is_still_run(server: RtspServer, monkeypat
     superseded. (When each newer frame began the lane's wait again, such a feed published almost nothing: on an
     H100, 28 of about 270 frames.)"""
     from stream.core.batcher import LiveLoad
-    from stream.core.build import build_run
 
     monkeypatch.setattr(LiveLoad, "over", lambda self, ratio=1.15: True)
-    cfg = config.load(
-        None,
-        {
-            "sources": [f"cam={server.url()}"],
-            "live_workers": 1,
-            "batch_timeout_ms": 50,
-            "max_staleness_ms": 5000,
-            "progress": "off",
-            "device": "cpu",
-        },
-    )
-    sink = _Sink()
-    out: dict[str, Any] = {}
 
-    async def main() -> None:
-        run = await build_run(cfg, sink=sink, keep_running=True)
-        async with run:
-            task = asyncio.create_task(run.runner.run())
-            await _until(lambda: any(s == "streaming" for s, _ in sink.states("cam")), 60, "the feed streaming")
-            await asyncio.sleep(1.0)
-            first = len(sink.frames("cam"))
-            await asyncio.sleep(3.0)
-            out["published"] = len(sink.frames("cam")) - first
-            out["dropped"] = dict(run.runner.stats["cam"].dropped)
-            run.runner.stop()
-            await task
+    async def during(run: Any, sink: _Sink) -> dict[str, Any]:
+        await _until(lambda: any(s == "streaming" for s, _ in sink.states("cam")), 60, "the feed streaming")
+        await asyncio.sleep(1.0)
+        first = len(sink.frames("cam"))
+        await asyncio.sleep(3.0)
+        return {"published": len(sink.frames("cam")) - first, "dropped": dict(run.runner.stats["cam"].dropped)}
 
-    asyncio.run(main())
+    sink, out = one_decode_worker_feed(server.url(), during, batch_timeout_ms=50)
     assert out["published"] >= 30, out  # of about 90 in 3 s: a take every 50 ms gives about 60
     assert out["dropped"].get("superseded", 0) >= 10, out
     eos = sink.of("cam")[-1]
