@@ -44,8 +44,8 @@ Decision record:
   8 at 800x800 fp16). The batch buffers themselves are allocations of their own (cudaMalloc, outside the pool),
   freed whenever their last reference goes: a consumer may hold the last batch handed out past the retire (the
   source's iterator does until it is resumed or dropped), and from the pool it came back cached on the retired
-  stream, one batch per feed lost (the GPU test, on an H100). In a decode worker process the slots are the engine's rings and the process ends with
-  the feed's group, so there it is not done.
+  stream, one batch per feed lost (the GPU test, on an H100). In a decode worker process the slots are the
+  engine's rings and the process ends with the feed's group, so there it is not done.
 """
 
 from __future__ import annotations
