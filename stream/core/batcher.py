@@ -30,7 +30,8 @@ Decision record:
   keeps every frame; past it, a feed's frame waits at most about two frame intervals before its turn.
 - Past the ceiling (measured by LiveLoad: live frames leaving the lanes, taken or superseded, against the slots
   the takes had for them, over about the last second, at OVERLOAD_RATIO 1.15 or more) the daemon logs a warning
-  with both rates, at most every OVERLOAD_LOG_S. Every frame leaves its lane once, whichever way, so the counts
+  with both rates, at most every OVERLOAD_LOG_S, once the load has been counted OVERLOAD_SAY_AFTER_S (and as rates:
+  `_rate`; a decayed count read as a rate after a tenth of a second said 52 frames a second for 960). Every frame leaves its lane once, whichever way, so the counts
   do not depend on the lane depth; counted as they leave, not as they come in, no start-up lag reads as a load.
   Under the ceiling every frame is taken and a take has room for what it takes, so the frames are at most the
   slots.
@@ -151,6 +152,9 @@ OVERLOAD_TAU_S = 1.0  # the time constant over which live frames offered and run
 OVERLOAD_RATIO = 1.15  # past the ceiling: live frames out of the lanes over the slots the takes had, at least
 OVERLOAD_MIN_FRAMES = 16.0  # ... once this many (decayed) live frames came in: a burst of a few is not a load
 OVERLOAD_LOG_S = 300.0  # "past the model's rate" is logged at most this often
+OVERLOAD_SAY_AFTER_S = 1.0  # ... and once the load has been counted this long (its rates are averages)
+RATE_MIN_S = 0.05  # a rate is taken as counted over this long at least (_rate)
+_NOTHING = 1e-3  # decayed counts under this are nothing: counting begins again (LiveLoad.since)
 NEWEST_PAST_CEILING = (
     True  # past the ceiling a lane of one-frame parts (decode workers) keeps 1 frame (decision record)
 )
@@ -217,12 +221,13 @@ class LiveLoad:
     back into them; and a frame is counted when it leaves, at a take or at the arrival of a newer one, so under
     the ceiling the frames of a take are never more than its slots. Under the batcher's lock."""
 
-    __slots__ = ("offered", "slots", "at")
+    __slots__ = ("offered", "slots", "at", "since")
 
     def __init__(self, now: float) -> None:
         self.offered = 0.0
         self.slots = 0.0
         self.at = now
+        self.since = now  # when counting began (again, after the counts had decayed to nothing)
 
     def add(self, now: float, offered: int = 0, slots: int = 0) -> None:
         if now > self.at:
@@ -230,8 +235,18 @@ class LiveLoad:
             self.offered *= k
             self.slots *= k
             self.at = now
+        if self.offered + self.slots < _NOTHING:
+            self.since = now
         self.offered += offered
         self.slots += slots
+
+    def rates(self, now: float) -> tuple[float, float]:
+        """Live frames out of the lanes and slots the takes had, per second, averaged over about the last
+        OVERLOAD_TAU_S (`_rate`: right from the first frames on, not ramping up over the first seconds)."""
+        return (
+            _rate(_decayed(self.offered, self.at, now), self.since, now),
+            _rate(_decayed(self.slots, self.at, now), self.since, now),
+        )
 
     def over(self, ratio: float = OVERLOAD_RATIO) -> bool:
         """Past the ceiling (see the decision record): a few frames at least left the lanes, and `ratio` times
@@ -275,11 +290,12 @@ class Batcher:
         # live stream -> capture time of the first frame that came to its lane while it was empty (_lane_ready)
         self._lane_since: dict[str, float] = {}
         self.load = LiveLoad(time.monotonic())  # whether the live feeds are past the ceiling (decision record)
-        self._over = False  # the load's state as last seen by _to_lane
+        self._told = False  # "past the model's rate" was logged since the load last went past it
         self._over_logged = -float("inf")  # when "past the model's rate" was last logged (monotonic)
         self.pacing = pacing  # past the ceiling, live feeds are paced to their share (pace_for)
         self._over_at = -float("inf")  # when the live feeds were last seen past the ceiling (monotonic)
-        # live stream -> [frames that came to its lane, decayed with LiveLoad's tau, when last counted (monotonic)]
+        # live stream -> [frames that came to its lane, decayed with LiveLoad's tau, when last counted, when counting
+        # began (monotonic)]
         self._came: dict[str, list[float]] = {}
         self._closing = False
         self._order = itertools.count()
@@ -375,8 +391,11 @@ class Batcher:
             self._fed_at[batch.stream] = now
             over = self.load.over()
             if self.pacing:
-                came = self._came.setdefault(batch.stream, [0.0, now])
-                came[0] = _decayed(came[0], came[1], now) + len(batch.frames)
+                came = self._came.setdefault(batch.stream, [0.0, now, now])
+                came[0] = _decayed(came[0], came[1], now)
+                if came[0] < _NOTHING:
+                    came[2] = now
+                came[0] += len(batch.frames)
                 came[1] = now
                 if len(self._came) > 256:  # feeds removed long ago: forgotten
                     for gone in [k for k, (_, t) in self._came.items() if now - t > PACE_HOLD_S]:
@@ -385,11 +404,14 @@ class Batcher:
                 self._over_at = now
             newest = NEWEST_PAST_CEILING and batch.newest_past_ceiling and self.load.over(NEWEST_RATIO)
             depth = 1 if newest else LIVE_DEPTH
-            say = over and not self._over and now - self._over_logged >= OVERLOAD_LOG_S
+            measured = now - self.load.since >= OVERLOAD_SAY_AFTER_S
+            say = over and not self._told and measured and now - self._over_logged >= OVERLOAD_LOG_S
             if say:
                 self._over_logged = now
-                rates = (self.load.offered / OVERLOAD_TAU_S, self.load.slots / OVERLOAD_TAU_S)
-            self._over = over
+                self._told = True
+                rates = self.load.rates(now)
+            if not over:
+                self._told = False
             frames = sum(len(it[2][0].frames) for it in lane)
             while len(lane) > 1 and frames > depth:
                 old = lane.popleft()
@@ -427,9 +449,9 @@ class Batcher:
             if now - self._over_at > PACE_HOLD_S:
                 return 0.0
             rates = sorted(
-                _decayed(n, t, now) / OVERLOAD_TAU_S for n, t in self._came.values() if now - t <= PACE_HOLD_S
+                _rate(_decayed(n, t, now), since, now) for n, t, since in self._came.values() if now - t <= PACE_HOLD_S
             )
-            room = _decayed(self.load.slots, self.load.at, now) / OVERLOAD_TAU_S
+            room = self.load.rates(now)[1]
             return PACE_MARGIN * fair_share(rates, room)
 
     def over_ceiling(self) -> bool:
@@ -753,6 +775,15 @@ def fair_share(rates: list[float], room: float) -> float:
 def _decayed(value: float, at: float, now: float) -> float:
     """A count decayed with LiveLoad's time constant from `at` to `now`."""
     return value * math.exp(min(0.0, at - now) / OVERLOAD_TAU_S)
+
+
+def _rate(count: float, since: float, now: float) -> float:
+    """A decayed count (LiveLoad's time constant) as a rate per second. Counted for `now - since` only, it holds
+    1 - exp(-(now - since) / tau) of what a steady rate leaves counted after a long time: divided by that share
+    too, a rate counted for a tenth of a second is not read as a tenth of itself (the load's warning said "offer
+    about 52 frames a second" for 32 feeds offering 960). At least RATE_MIN_S of counting is assumed."""
+    seen = max(now - since, RATE_MIN_S)
+    return count / (OVERLOAD_TAU_S * -math.expm1(-seen / OVERLOAD_TAU_S))
 
 
 def _whole(b: Batch, batch: int) -> bool:

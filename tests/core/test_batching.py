@@ -930,6 +930,7 @@ def test_past_the_ceiling_the_daemon_says_so_and_newest_lanes_keep_one_frame(
 
     assert batcher.NEWEST_PAST_CEILING is True
     monkeypatch.setattr(batcher, "NEWEST_PAST_CEILING", newest)
+    monkeypatch.setattr(batcher, "OVERLOAD_SAY_AFTER_S", 0.0)  # said at once (the test below waits for it)
 
     def part(i: int) -> Batch:
         b = _live("cam", 1, i, drops)
@@ -995,6 +996,65 @@ def test_the_live_load_is_frames_out_of_the_lanes_against_slots_taken_over_about
     burst = LiveLoad(0.0)
     burst.add(0.0, offered=10)  # a burst superseded before any take: not a load yet
     assert not burst.over()
+
+
+def test_the_live_load_rates_are_right_from_the_first_frames_and_after_a_pause() -> None:
+    """LiveLoad.rates: 32 feeds (960 frames a second) against 51 takes of 8 a second read as about 960 and 408 a
+    tenth of a second after the first frame, after half a second and after three (a decayed count is not a
+    rate until it has been counted for a few time constants: undivided, the first read about 90 and 39); and the
+    same again when they start again after a minute of nothing."""
+    from stream.core.batcher import LiveLoad
+
+    def feed(load: LiveLoad, t0: float, seconds: float) -> list[tuple[float, float, float]]:
+        seen = []
+        for i in range(int(seconds * 960)):
+            t = t0 + i / 960
+            load.add(t, offered=1, slots=8 if (i * 51) // 960 != ((i + 1) * 51) // 960 else 0)
+            if i + 1 in (96, 480, 2880):
+                seen.append((t - t0, *load.rates(t)))
+        return seen
+
+    load = LiveLoad(0.0)
+    for after in (feed(load, 100.0, 3.0), feed(load, 163.0, 3.0)):
+        assert len(after) == 3, after
+        for at, offered, slots in after:
+            assert 0.9 * 960 <= offered <= 1.1 * 960, (at, offered)
+            assert 0.75 * 408 <= slots <= 1.25 * 408, (at, slots)  # a tenth of a second holds five takes
+
+
+def test_the_warning_past_the_ceiling_gives_the_rates_the_feeds_offer_and_the_runs_take(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Four live feeds at 50 frames a second against one slot of four frames every 0.1 s: once the load has
+    been counted OVERLOAD_SAY_AFTER_S, the daemon says the feeds offer about 200 frames a second and the runs
+    have room for about 40, and says it once."""
+    import re
+
+    from stream.core.batcher import OVERLOAD_SAY_AFTER_S
+
+    async def case() -> None:
+        drops: list[tuple[str, str, int]] = []
+        b = Batcher(GatedEngine(0, model_s=0.1, post_s=0.0), INFO, 0.01, workers=1)
+        futs = []
+        t0 = time.monotonic()
+        sent = [0] * 4
+        while (t := time.monotonic() - t0) < OVERLOAD_SAY_AFTER_S + 0.6:
+            for k in range(4):
+                while sent[k] * 0.02 <= t:
+                    futs.append(b.submit(_live(f"cam{k}", 1, sent[k], drops)))
+                    sent[k] += 1
+            await asyncio.sleep(0.005)
+        await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+
+    with caplog.at_level("WARNING", logger="stream.core.batcher"):
+        asyncio.run(case())
+    said = [r.getMessage() for r in caplog.records if "past its rate" in r.getMessage()]
+    assert len(said) == 1, said
+    m = re.search(r"offer about (\d+) frames a second and the model's runs have room for about (\d+)", said[0])
+    assert m is not None, said[0]
+    offered, room = int(m.group(1)), int(m.group(2))
+    assert 160 <= offered <= 240 and 30 <= room <= 50, said[0]
 
 
 def test_fair_share_is_the_water_level() -> None:
