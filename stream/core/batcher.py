@@ -31,8 +31,9 @@ Decision record:
 - Past the ceiling (measured by LiveLoad: live frames leaving the lanes, taken or superseded, against the slots
   the takes had for them, over about the last second, at OVERLOAD_RATIO 1.15 or more) the daemon logs a warning
   with both rates, at most every OVERLOAD_LOG_S, once the load has been counted OVERLOAD_SAY_AFTER_S (and as rates:
-  `_rate`; a decayed count read as a rate after a tenth of a second said 52 frames a second for 960). Every frame leaves its lane once, whichever way, so the counts
-  do not depend on the lane depth; counted as they leave, not as they come in, no start-up lag reads as a load.
+  `_rate`; a decayed count read as a rate after a tenth of a second said 52 frames a second for 960). Every frame
+  leaves its lane once, whichever way, so the counts do not depend on the lane depth; counted as they leave, not
+  as they come in, no start-up lag reads as a load.
   Under the ceiling every frame is taken and a take has room for what it takes, so the frames are at most the
   slots.
 - A lane of one frame past the ceiling, for feeds read by decode workers (NEWEST_PAST_CEILING, on; a part of
