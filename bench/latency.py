@@ -211,6 +211,11 @@ class StageProbe:
     def __init__(self) -> None:
         self.ages: dict[str, list[tuple[str, float, float]]] = {s: [] for s in self.STAGES}  # (stream, capt., age)
         self.ticks: list[tuple[float, float, float]] = []  # (time, loop lateness, process CPU seconds): tick()
+        # every SAMPLE_EVERY ticks: (time, CPU seconds of the daemon's child processes (decode workers), busy CPU
+        # seconds of the whole machine): whether the host's cores were the limit
+        self.samples: list[tuple[float, float | None, float | None]] = []
+
+    SAMPLE_EVERY = 50
 
     def install(self) -> None:
         from stream.core import batcher
@@ -258,6 +263,16 @@ class StageProbe:
         lags = np.asarray([1000.0 * lag for _, lag, _ in ticks])
         cores = (ticks[-1][2] - ticks[0][2]) / (ticks[-1][0] - ticks[0][0]) if len(ticks) > 1 else None
         out["loop"] = {"p50": pct(lags, 50), "p99": pct(lags, 99), "max": pct(lags, 100), "cores": cores}
+        samples = [x for x in self.samples if w0 <= x[0] < w1]
+        self.samples = [x for x in self.samples if x[0] >= w1]
+
+        def rate(i: int) -> float | None:
+            a, b = samples[0] if samples else None, samples[-1] if samples else None
+            if a is None or b is None or b[0] <= a[0] or a[i] is None or b[i] is None:
+                return None
+            return (b[i] - a[i]) / (b[0] - a[0])  # type: ignore[operator]
+
+        out["cpu"] = {"workers": rate(1), "machine": rate(2), "of": float(os.cpu_count() or 0)}
         return out
 
     async def tick(self) -> None:
@@ -267,7 +282,35 @@ class StageProbe:
             await asyncio.sleep(0.005)
             lag = time.perf_counter() - t0 - 0.005
             cpu = os.times()
-            self.ticks.append((time.time(), lag, cpu.user + cpu.system))
+            now = time.time()
+            self.ticks.append((now, lag, cpu.user + cpu.system))
+            if len(self.ticks) % self.SAMPLE_EVERY == 0:
+                self.samples.append((now, _children_cpu_s(), _machine_busy_s()))
+
+
+def _children_cpu_s() -> float | None:
+    """CPU seconds (user + system) of this process's children now (Linux /proc; None elsewhere)."""
+    try:
+        kids = [k for t in os.listdir("/proc/self/task") for k in open(f"/proc/self/task/{t}/children").read().split()]
+        total = 0
+        for k in kids:
+            try:
+                fields = open(f"/proc/{k}/stat").read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # exited meanwhile
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _machine_busy_s() -> float | None:
+    """CPU seconds every core of the machine spent busy so far (Linux /proc/stat: all but idle and iowait)."""
+    try:
+        v = [int(x) for x in open("/proc/stat").readline().split()[1:9]]
+        return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 async def serve(spec: dict[str, Any]) -> None:
@@ -894,6 +937,11 @@ def fmt_stages(p: dict[str, Any]) -> str:
         cores = loop.get("cores")
         text += f"; event loop late p50 / p99 {fmt_ms(loop['p50'])} / {fmt_ms(loop['p99'])} ms"
         text += f", daemon process {cores:.2f} cores" if cores is not None else ""
+    cpu = st.get("cpu") or {}
+    if cpu.get("workers") is not None and cpu["workers"] > 0:
+        text += f", decode workers {cpu['workers']:.2f} cores"
+    if cpu.get("machine") is not None:
+        text += f", machine {cpu['machine']:.1f} of {cpu['of']:.0f} cores busy"
     return text
 
 
@@ -956,7 +1004,8 @@ def table(res: dict[str, Any]) -> str:
         "the window): at the daemon, a decode worker's record of the frame read (demux, decode, conversion and "
         "the pipe behind it), at the batcher, every live frame that reached it, at the take, the frames a run "
         "took (the lane's wait on top); event loop late: a 5-ms sleep's wake-up in the daemon process, with the "
-        "cores that process used (its threads; decode workers are processes of their own)"
+        "cores that process used (its threads; decode workers are processes of their own), the cores the decode "
+        "worker processes used, and the cores busy on the whole machine (this bench's feeds and subscriber too)"
     )
     lines.append(
         "- missing: gaps in `frame` among the published frames captured in the window; dropped: "
