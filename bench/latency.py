@@ -87,6 +87,7 @@ from streams import inference_only, premade_batches  # noqa: E402
 
 from stream import config  # noqa: E402
 from stream.core.runner import Runner  # noqa: E402
+from stream.daemon.loop import run_loop  # noqa: E402  (the daemon's loop: uvloop where installed)
 from stream.engines.device import make_engine  # noqa: E402
 from stream.engines.model import default_model_path, load_info  # noqa: E402
 from stream.sources.live import LiveBatchSource  # noqa: E402
@@ -458,7 +459,7 @@ def _read_count(bsrc: Any) -> int:
 
 def child_main(spec_json: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    asyncio.run(serve(json.loads(spec_json)))
+    run_loop(serve(json.loads(spec_json)))
 
 
 # -- the subscriber and the orchestration (this process) --------------------------------------------------------

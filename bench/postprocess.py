@@ -49,6 +49,7 @@ from throughput import naive_loop  # noqa: E402
 
 from stream import config
 from stream.core.runner import Runner  # noqa: E402
+from stream.daemon.loop import run_loop  # noqa: E402  (the daemon's loop: uvloop where installed)
 from stream.engines.model import ModelInfo, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
 from stream.sources.naming import Source  # noqa: E402
@@ -302,7 +303,7 @@ def main() -> None:
         naive_model = a.naive_model or model_file(a.models, "graph", 1, "fp32")
         res["naive_fps"] = naive_loop(video, naive_model, a.device, a.naive_frames)
         print(f"naive loop {res['naive_fps']:.1f} fps ({naive_model.name}, batch 1, {a.device})", flush=True)
-        asyncio.run(run_all(a, video, warm, tmp, res))
+        run_loop(run_all(a, video, warm, tmp, res))
         report(res)
     if a.provider_sweep or a.sweep_only:
         res["provider_options"] = provider_sweep(a, video)

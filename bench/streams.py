@@ -52,6 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from stream import config
 from stream.core.frames import Batch  # noqa: E402
 from stream.core.runner import Runner  # noqa: E402
+from stream.daemon.loop import run_loop  # noqa: E402  (the daemon's loop: uvloop where installed)
 from stream.engines.device import make_engine  # noqa: E402
 from stream.engines.model import ModelInfo, default_model_path, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
@@ -591,7 +592,7 @@ def main() -> None:
                 "the buffers sweep runs anyway",
                 flush=True,
             )
-        asyncio.run(measure(a, res, video, warm, tmp))
+        run_loop(measure(a, res, video, warm, tmp))
         res["summary"] = summarize(res)
         print()
         print(table(res))

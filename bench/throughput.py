@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from stream import config
 from stream.core.runner import Runner  # noqa: E402
+from stream.daemon.loop import run_loop  # noqa: E402  (the daemon's loop: uvloop where installed)
 from stream.engines.device import make_engine  # noqa: E402
 from stream.engines.model import default_model_path, load_info  # noqa: E402
 from stream.sinks.publish import Publisher  # noqa: E402
@@ -208,7 +209,7 @@ def main() -> None:
     cfg = config.load(None, {"device": a.device, "model": str(model), "buffers": a.buffers, "progress": "off"})
 
     naive = naive_loop(video, naive_model, a.device, a.naive_frames)
-    steady, frames, overall = asyncio.run(_ours(cfg, warm, video))
+    steady, frames, overall = run_loop(_ours(cfg, warm, video))
     info = load_info(model)
     row = {
         "device": a.device,
