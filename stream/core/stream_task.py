@@ -239,8 +239,9 @@ class StreamTask:
             self.instrument.batch_inferred(self.st.id, len(results), time.perf_counter() - submitted)
             if states is not None and watcher is not None and not watcher.done():
                 # a state change the reader saw before these frames (e.g. "streaming") is published first
-                try:
-                    await asyncio.wait_for(states.join(), 1.0)
+                try:  # a timeout, not wait_for: no task made per batch when nothing is pending (most batches)
+                    async with asyncio.timeout(1.0):
+                        await states.join()
                 except TimeoutError:
                     pass
             self.instrument.queue_depth(self.st.id, inflight.qsize())
