@@ -63,7 +63,9 @@ Decision record:
   sooner in every pair (p99 26-39 ms lower) but 14% fewer frames in one of three; on an H100 (32 feeds, decode
   processes, MPS) the same rate and p99 (433.5 against 432.9 fps, 119.4 against 119.7 ms) but feeds shared
   unevenly, +-40.3% against +-4.8%: a feed taken more was paced higher, offered more and was taken more. Hence
-  one pace for all; off until that is measured on a GPU.
+  one pace for all. Measured on an H100 (2026-12-08, MPS, decode processes, side by side): the same rate at 24 and
+  32 feeds, spread +-3.1% and +-4.6% against +-0.9% and +-0.5%, p99 112.2 and 120.5 ms against 107.5 and 111.5.
+  Off.
 - Round-robin across feeds: a worker fills its run from the lanes one part per feed and round, the least
   recently served feed first, so past the ceiling every feed gets an equal share of what is run and batches
   stay full. A turn is a fresh frame run: parts that went stale in the lane are dropped on the way and the
