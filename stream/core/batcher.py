@@ -401,7 +401,7 @@ class Batcher:
                 came[0] += len(batch.frames)
                 came[1] = now
                 if len(self._came) > 256:  # feeds removed long ago: forgotten
-                    for gone in [k for k, (_, t) in self._came.items() if now - t > PACE_HOLD_S]:
+                    for gone in [k for k, (_, t, _) in self._came.items() if now - t > PACE_HOLD_S]:
                         del self._came[gone]
             if over:
                 self._over_at = now

@@ -1057,6 +1057,28 @@ def test_the_warning_past_the_ceiling_gives_the_rates_the_feeds_offer_and_the_ru
     assert 160 <= offered <= 240 and 30 <= room <= 50, said[0]
 
 
+def test_pacing_forgets_feeds_gone_long_ago_past_256() -> None:
+    """With `pacing`, the per-feed counts of feeds that sent nothing for PACE_HOLD_S are forgotten once more than
+    256 feeds were counted: 300 feeds one after another leave the newest ones only, and every part still runs."""
+    from stream.core import batcher as batcher_module
+
+    async def case() -> int:
+        drops: list[tuple[str, str, int]] = []
+        b = Batcher(GatedEngine(0, model_s=0.0, post_s=0.0), INFO, 0.01, workers=1, pacing=True)
+        futs = []
+        for k in range(300):
+            if k == 280:  # the first 280 fell silent long ago
+                for c in b._came.values():
+                    c[1] -= 2 * batcher_module.PACE_HOLD_S
+            futs.append(b.submit(_live(f"cam{k}", 1, 0, drops)))
+        res = await asyncio.gather(*futs)
+        await asyncio.to_thread(b.close)
+        assert sum(len(r) for r in res) + len(drops) == 300, drops
+        return len(b._came)
+
+    assert asyncio.run(case()) <= 257
+
+
 def test_fair_share_is_the_water_level() -> None:
     """A sender under the level keeps its rate; the others share the rest equally; room for all: the largest."""
     from stream.core.batcher import fair_share
