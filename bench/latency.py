@@ -268,10 +268,11 @@ class StageProbe:
         self.samples = [x for x in self.samples if x[0] >= w1]
 
         def rate(i: int) -> float | None:
-            a, b = samples[0] if samples else None, samples[-1] if samples else None
-            if a is None or b is None or b[0] <= a[0] or a[i] is None or b[i] is None:
+            if len(samples) < 2:
                 return None
-            return (b[i] - a[i]) / (b[0] - a[0])  # type: ignore[operator]
+            (t0, *a), (t1, *b) = samples[0], samples[-1]
+            first, last = a[i - 1], b[i - 1]
+            return None if first is None or last is None else (last - first) / (t1 - t0)
 
         out["cpu"] = {"workers": rate(1), "machine": rate(2), "of": float(os.cpu_count() or 0)}
         return out
