@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from stream import config
-from stream.core.batcher import Batcher
+from stream.core.batcher import LEAD_LONGEST_RATIO, Batcher
 from stream.core.frames import Batch, FrameMeta, FrameResult
 from stream.core.runner import Runner
 from stream.daemon.serve import serve
@@ -339,6 +339,35 @@ def test_live_frames_that_would_be_published_stale_are_dropped_by_the_run_time_t
 
     res, b = asyncio.run(case())
     assert [len(r) for r in res] == [1, 0, 1] and drops == [1]
+
+
+def test_under_the_ceiling_a_frame_is_dropped_by_the_typical_run_past_it_by_the_longest() -> None:
+    """Runs took 20 ms but one 80 ms: under the ceiling a live frame 150 ms old of a 200-ms budget still runs (150
+    plus the median run, 20, is within it; no other frame waits for its slot), past the ceiling it is dropped
+    (150 plus the longest, 80, would pass it: a fresher frame gets the slot), and a frame 190 ms old is dropped
+    under the ceiling too."""
+    drops: list[str] = []
+
+    def live(stream: str, age_s: float) -> Batch:
+        b = _make_part(stream, 1, 0, age_s, None)
+        b.max_age_s, b.on_drop = 0.2, lambda _r, n: drops.append(stream)
+        return b
+
+    async def case(past: bool) -> list[int]:
+        b = Batcher(RecordingEngine(), INFO, 0.0, workers=1)  # timeout 0: every part runs alone
+        for took in (0.02, 0.02, 0.02, 0.08):
+            b.run_time.add(took)
+        if past:
+            with b._cv:
+                b.load.add(time.monotonic(), offered=100, slots=50)  # live frames twice the slots: past it
+        assert b.load.over(LEAD_LONGEST_RATIO) == past
+        res = [await b.submit(live(f"cam{i}", age)) for i, age in enumerate((0.15, 0.19, 0.0))]
+        await asyncio.to_thread(b.close)
+        return [len(r) for r in res]
+
+    assert asyncio.run(case(past=False)) == [1, 0, 1] and drops == ["cam1"]
+    drops.clear()
+    assert asyncio.run(case(past=True)) == [0, 0, 1] and drops == ["cam0", "cam1"]
 
 
 def test_live_batches_go_before_queued_file_batches() -> None:
