@@ -21,7 +21,8 @@ A/B within one run: --live-workers V1 V2 (threads against decode processes) and 
 of decode workers' feeds that past the ceiling keep the newest frame only, the batcher's NEWEST_PAST_CEILING,
 on in the daemon, against lanes of two frames, first in first out) start one daemon per value, each running every
 point; so does --vary KEY=V1,V2,... for any config key (e.g. --vary take_ahead_ms=0,6) and, bench only, for a
-constant of the batcher's decision record (upper case: --vary NEWEST_RATIO=1.15,1.05).
+constant of the batcher's decision record (upper case: --vary NEWEST_RATIO=1.15,1.05); so does --loops uvloop
+asyncio (the daemon's event loop: uvloop, as `stream run` runs it, against asyncio's own).
 
 Per mode one daemon process of this script is started (stream.core.runner.Runner in process, as `stream run`
 runs it with a control endpoint: a real Publisher on tcp://127.0.0.1, Prometheus metrics on a port of its own):
@@ -460,7 +461,11 @@ def _read_count(bsrc: Any) -> int:
 
 def child_main(spec_json: str) -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    run_loop(serve(json.loads(spec_json)))
+    spec = json.loads(spec_json)
+    if spec.get("loop") == "asyncio":  # BENCH ONLY (--loops): asyncio's own event loop, not the daemon's
+        asyncio.run(serve(spec))
+    else:
+        run_loop(serve(spec))
 
 
 # -- the subscriber and the orchestration (this process) --------------------------------------------------------
@@ -602,6 +607,7 @@ class Daemon:
         kind: str | None = None,
         lanes: str | None = None,
         batcher: dict[str, Any] | None = None,
+        loop: str | None = None,
     ) -> None:
         self.a, self.mode = a, mode  # mode: the label of this daemon's rows; kind: rtsp or paced
         self.m_port = free_port()
@@ -629,6 +635,7 @@ class Daemon:
             "ceiling_video": location if (kind or mode) == "paced" else str(warm),
             "lanes": lanes,
             "batcher": batcher or {},
+            "loop": loop,
         }
         self.log = tmp / f"daemon-{re.sub(r'[^A-Za-z0-9]+', '-', mode)}.log"
         self.sub = Subscriber(endpoint)
@@ -1158,6 +1165,13 @@ def main() -> None:
         "each running every --feeds point; default: the config's",
     )
     ap.add_argument(
+        "--loops",
+        nargs="+",
+        default=None,
+        choices=["uvloop", "asyncio"],
+        help="A/B: one daemon per event loop: uvloop (the daemon's, as `stream run` runs it) or asyncio's own",
+    )
+    ap.add_argument(
         "--lanes",
         nargs="+",
         default=None,
@@ -1256,17 +1270,20 @@ def main() -> None:
             flush=True,
         )
         runs = [
-            (m, loc, fps, warm, w, lanes, v)
+            (m, loc, fps, warm, w, lanes, v, lp)
             for m, loc, fps, warm in plan
             for w in (a.live_workers or [None])
             for lanes in (a.lanes or [None])
             for v in (vary_values or [None])
+            for lp in (a.loops or [None])
         ]
-        for mode, location, fps, warm, workers, lanes, value in runs:
+        for mode, location, fps, warm, workers, lanes, value, loop in runs:
             sets = dict(overrides) if workers is None else {**overrides, "live_workers": workers}
             label = mode if workers is None else f"{mode}, " + ("threads" if workers == "0" else f"workers {workers}")
             if lanes is not None:
                 label += f", lanes {lanes}"
+            if loop is not None:
+                label += f", loop {loop}"
             consts = {}
             if vary_key is not None:
                 if vary_key.isupper():
@@ -1274,7 +1291,7 @@ def main() -> None:
                 else:
                     sets[vary_key] = value
                 label += f", {vary_key} {value}"
-            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes, batcher=consts)
+            daemon = Daemon(a, label, location, fps, warm, tmp, sets, kind=mode, lanes=lanes, batcher=consts, loop=loop)
             try:
                 ceiling = daemon.measure_ceiling()
                 if ceiling is not None:
