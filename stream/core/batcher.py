@@ -198,18 +198,17 @@ class RunTime:
         self._recent: collections.deque[float] = collections.deque(maxlen=window)
         self._lock = threading.Lock()
         self.contested = contested
+        self._longest = self._median = 0.0  # of the recent runs, kept as they come (lead is read per lane part)
 
     def add(self, seconds: float) -> None:
         with self._lock:
             self._recent.append(seconds)
+            recent = sorted(self._recent)
+            self._longest, self._median = recent[-1], recent[len(recent) // 2]
 
     def lead(self, budget_s: float) -> float:
         """The share of a budget of `budget_s` a run still needs after the take."""
-        with self._lock:
-            recent = sorted(self._recent)
-        if not recent:
-            return 0.0
-        need = recent[-1] if self.contested() else recent[len(recent) // 2]
+        need = self._longest if self.contested() else self._median
         return min(need, budget_s * LEAD_CAP)
 
 
